@@ -1,0 +1,40 @@
+# fencegate — the two commands: `make run` and `make test`.
+# Both bootstrap .venv from nothing but a Python >= 3.11 on PATH.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+CONFIG ?= config/fencegate.example.toml
+
+.PHONY: run test lint typecheck pytest bench venv clean all
+
+all: test
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fencegate needs Python >= 3.11, found " + sys.version' 
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	@touch $@
+
+run: $(STAMP)
+	$(BIN)/fencegate serve --config $(CONFIG)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy gateway adapters
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .fencegate .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""fencegate adapters: the edge where an admitted effect meets a real downstream."""

@@ -1,0 +1,144 @@
+"""The adapter protocol: one async ``dispatch``, an optional ``lookup``, ``aclose``.
+
+An adapter receives an :class:`EffectRequest` (idempotency key ``<job>:<step>``,
+the fencing generation, the operation and payload) and classifies the result as
+exactly one :data:`Outcome`:
+
+=================  ===========================================  =================
+outcome            meaning                                      step becomes
+=================  ===========================================  =================
+``Delivered``      the downstream did it; ``result`` is kept    ``succeeded``
+``Failed``         permanently refused; ``error`` is kept       ``failed``
+``NotDelivered``   known not done (e.g. connection refused)     ``released``
+``Unknown``        may or may not have happened                 ``unknown``
+=================  ===========================================  =================
+
+Adapters never take a URL, host, port or header from the request: where they
+send is fixed by configuration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "Adapter",
+    "AdapterConfig",
+    "AdapterContext",
+    "Capabilities",
+    "Delivered",
+    "EffectRequest",
+    "Failed",
+    "InvalidPayload",
+    "NotDelivered",
+    "Outcome",
+    "Unknown",
+]
+
+
+class InvalidPayload(ValueError):
+    """The payload does not fit the operation; the gateway answers 400 and sends nothing."""
+
+
+class AdapterConfig(BaseModel):
+    """Base of every adapter type's config section (``[adapters.<name>]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What the gateway may do when a step's outcome is ``unknown``.
+
+    ``dedupes_by_key``: the downstream honours the idempotency key, so re-sending
+    with the same key is safe. ``lookup``: :meth:`Adapter.lookup` can ask the
+    downstream whether the effect with a key happened.
+    """
+
+    dedupes_by_key: bool = False
+    lookup: bool = False
+
+    @property
+    def can_resolve(self) -> bool:
+        return self.dedupes_by_key or self.lookup
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRequest:
+    tenant: str
+    job_id: str
+    step: str
+    generation: int
+    idempotency_key: str
+    operation: str
+    payload: Mapping[str, Any]
+    deadline: float  # time.monotonic() after which nothing may be sent
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotDelivered:
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    reason: str = ""
+
+
+Outcome = Delivered | Failed | NotDelivered | Unknown
+
+
+@dataclass(frozen=True)
+class AdapterContext:
+    """What the gateway lends every adapter: one shared HTTP session, a secret reader."""
+
+    http: aiohttp.ClientSession
+    secret: Callable[[str, str], str]  # (env var name, what it is for) -> value
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """What the gateway needs from an adapter."""
+
+    name: str
+    capabilities: Capabilities
+
+    def validate(self, operation: str, payload: Mapping[str, Any]) -> None:
+        """Raise :class:`InvalidPayload` if the call cannot be sent as is."""
+
+    async def dispatch(self, request: EffectRequest) -> Outcome:
+        """Perform the effect once; never raise for downstream behaviour, classify it."""
+
+    async def lookup(self, request: EffectRequest) -> Delivered | NotDelivered | None:
+        """Did the effect with this key happen? ``None``: the downstream cannot tell."""
+
+    async def aclose(self) -> None:
+        """Release what the adapter holds (the shared HTTP session is not its own)."""
+
+
+class AdapterFactory(Protocol):
+    Config: ClassVar[type[AdapterConfig]]
+
+    def __call__(self, name: str, config: Any, ctx: AdapterContext) -> Adapter: ...

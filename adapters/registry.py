@@ -1,0 +1,90 @@
+"""Adapter types by name: built-ins plus the ``fencegate.adapters`` entry-point group.
+
+A type maps to ``"module:Class"`` and is imported lazily, so a missing optional
+dependency only matters to the configs that use it (and then says what to
+install). Adding a built-in adapter is one module plus one line in
+:data:`BUILTIN`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from pydantic import ValidationError
+
+from adapters.base import Adapter, AdapterConfig, AdapterContext
+
+__all__ = ["BUILTIN", "AdapterConfigError", "build_adapters", "load_type", "validate_configs"]
+
+BUILTIN: dict[str, str] = {
+    "webhook": "adapters.webhook:WebhookAdapter",
+}
+ENTRY_POINT_GROUP = "fencegate.adapters"
+
+
+class AdapterConfigError(Exception):
+    """An adapter section cannot be used; the message names the key."""
+
+
+def _targets() -> dict[str, str]:
+    targets = dict(BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in targets:
+            raise AdapterConfigError(
+                f"adapter type {ep.name!r} from entry point {ep.value!r} clashes with "
+                f"{targets[ep.name]!r}; adapter types must be unique"
+            )
+        targets[ep.name] = ep.value
+    return targets
+
+
+def load_type(type_name: str) -> Any:
+    """The adapter class for a type name, imported on first use."""
+    targets = _targets()
+    if type_name not in targets:
+        known = ", ".join(sorted(targets))
+        raise AdapterConfigError(f"unknown adapter type {type_name!r} (known: {known})")
+    module_name, _, attr = targets[type_name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AdapterConfigError(
+            f"adapter type {type_name!r} needs {exc.name!r}, which is not installed; "
+            f"install it (pip install {exc.name}) or remove the adapter from the config"
+        ) from exc
+    return getattr(module, attr)
+
+
+def _config(name: str, section: Mapping[str, Any]) -> tuple[Any, AdapterConfig]:
+    cls = load_type(str(section.get("type", "")))
+    try:
+        config = cls.Config(**section)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"adapters.{name}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise AdapterConfigError(problems) from exc
+    return cls, config
+
+
+def validate_configs(sections: Mapping[str, Mapping[str, Any]]) -> None:
+    """Validate every adapter section without connecting anywhere."""
+    for name, section in sections.items():
+        _config(name, section)
+
+
+def build_adapters(
+    sections: Mapping[str, Mapping[str, Any]], ctx: AdapterContext
+) -> dict[str, Adapter]:
+    adapters: dict[str, Adapter] = {}
+    for name, section in sections.items():
+        cls, config = _config(name, section)
+        try:
+            adapters[name] = cls(name, config, ctx)
+        except Exception as exc:
+            raise AdapterConfigError(f"adapters.{name}: {exc}") from exc
+    return adapters

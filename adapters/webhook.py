@@ -1,0 +1,126 @@
+"""``webhook``: HTTP POST of the payload to one configured URL.
+
+Downstream sees ``Idempotency-Key: <job>:<step>``, ``Fencing-Token: <generation>``,
+``X-Fencegate-Operation``; redirects are never followed; the response is
+size-limited before it is stored.
+
+=============================================  ===============
+what happened                                  outcome
+=============================================  ===============
+2xx                                            Delivered
+connection refused, connect timeout            NotDelivered
+429, 503 (receiver declined to process)        NotDelivered
+other 4xx, 3xx (redirects are not followed)    Failed
+500, 502, 504, other 5xx                       Unknown
+read timeout, connection lost after sending    Unknown
+=============================================  ===============
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
+
+import aiohttp
+from pydantic import AnyHttpUrl, Field
+
+from adapters.base import (
+    AdapterConfig,
+    AdapterContext,
+    Capabilities,
+    Delivered,
+    EffectRequest,
+    Failed,
+    InvalidPayload,
+    NotDelivered,
+    Outcome,
+    Unknown,
+)
+
+__all__ = ["WebhookAdapter", "WebhookConfig"]
+
+_OPERATION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RETRYABLE = frozenset({429, 503})
+
+
+class WebhookConfig(AdapterConfig):
+    type: Literal["webhook"] = "webhook"
+    url: AnyHttpUrl
+    timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    # Set when the receiver honours Idempotency-Key: an unknown outcome may then be re-sent.
+    dedupes_by_key: bool = False
+    max_response_bytes: int = Field(default=65_536, ge=0, le=16 * 1024 * 1024)
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class WebhookAdapter:
+    Config: ClassVar[type[WebhookConfig]] = WebhookConfig
+
+    def __init__(self, name: str, config: WebhookConfig, ctx: AdapterContext) -> None:
+        self.name = name
+        self._config = config
+        self._url = str(config.url)
+        self._http = ctx.http
+        self.capabilities = Capabilities(dedupes_by_key=config.dedupes_by_key, lookup=False)
+        for header, value in config.headers.items():
+            if "\r" in value or "\n" in value or "\r" in header or "\n" in header:
+                raise ValueError(f"header {header!r} contains a line break")
+
+    def validate(self, operation: str, payload: Mapping[str, Any]) -> None:
+        if not _OPERATION.match(operation):
+            raise InvalidPayload("operation must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+    async def dispatch(self, request: EffectRequest) -> Outcome:
+        budget = min(self._config.timeout_seconds, request.remaining())
+        if budget <= 0:
+            return NotDelivered("dispatch deadline passed before sending")
+        headers = {
+            **self._config.headers,
+            "Content-Type": "application/json",
+            "Idempotency-Key": request.idempotency_key,
+            "Fencing-Token": str(request.generation),
+            "X-Fencegate-Operation": request.operation,
+        }
+        body = json.dumps(request.payload, separators=(",", ":")).encode()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=budget, sock_read=budget)
+        try:
+            async with asyncio.timeout(budget):
+                async with self._http.post(
+                    self._url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+                ) as resp:
+                    raw = await resp.content.read(self._config.max_response_bytes + 1)
+                    return self._classify(resp, raw)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            # The TCP connection never opened: nothing was sent.
+            return NotDelivered(f"connection failed: {type(exc).__name__}")
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return Unknown(f"no complete response after sending: {type(exc).__name__}")
+
+    def _classify(self, resp: aiohttp.ClientResponse, raw: bytes) -> Outcome:
+        limit = self._config.max_response_bytes
+        truncated = len(raw) > limit
+        raw = raw[:limit]
+        body: Any
+        try:
+            body = json.loads(raw) if raw and not truncated else raw.decode("utf-8", "replace")
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        info: dict[str, Any] = {"status": resp.status, "body": body}
+        if truncated:
+            info["truncated"] = True
+        if 200 <= resp.status < 300:
+            return Delivered(info)
+        if resp.status in _RETRYABLE:
+            return NotDelivered(f"receiver answered {resp.status}")
+        if resp.status >= 500:
+            return Unknown(f"receiver answered {resp.status}")
+        return Failed(info)
+
+    async def lookup(self, request: EffectRequest) -> Delivered | NotDelivered | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

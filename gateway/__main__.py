@@ -1,0 +1,206 @@
+"""The ``fencegate`` command: parse args → load settings → configure logging → run.
+
+Exit codes: 0 success; 1 runtime failure (Redis unreachable, embedded Redis
+failed); 2 bad usage or configuration (the message names the key); 3 refused
+for safety (durability marker missing, non-durable Redis, open gateway on a
+non-loopback address).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+import structlog
+from aiohttp import web
+
+from adapters.registry import AdapterConfigError, validate_configs
+from gateway import __version__
+from gateway.embedded import EmbeddedRedis, EmbeddedRedisError
+from gateway.logging import configure_logging
+from gateway.settings import ConfigError, Settings, load_settings
+
+EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_REFUSED = 0, 1, 2, 3
+
+log = structlog.get_logger("fencegate")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(
+        args.config,
+        server={"host": getattr(args, "host", None), "port": getattr(args, "port", None)},
+        redis={
+            "url": getattr(args, "redis_url", None),
+            "allow_volatile": True if getattr(args, "allow_volatile_redis", False) else None,
+        },
+    )
+
+
+def check_external_durability(url: str, allow_volatile: bool) -> bool:
+    """True if the external Redis keeps fences across restarts (or the operator waived it)."""
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
+    try:
+        aof = client.config_get("appendonly").get("appendonly")
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.exceptions.ResponseError:
+        log.warning(
+            "redis_durability_unverified",
+            detail="CONFIG GET is not permitted; make sure Redis runs with appendonly yes, "
+            "appendfsync always and maxmemory-policy noeviction",
+        )
+        return True
+    finally:
+        client.close()
+    problems = []
+    if aof != "yes":
+        problems.append(f"appendonly is {aof!r} (need 'yes')")
+    if policy != "noeviction":
+        problems.append(f"maxmemory-policy is {policy!r} (need 'noeviction')")
+    if not problems:
+        return True
+    detail = "; ".join(problems) + ": a restart or eviction would lose fences and let zombies through"
+    if allow_volatile:
+        log.warning("REDIS_NOT_DURABLE", detail=detail, allowed_by="--allow-volatile-redis")
+        return True
+    log.error("redis_not_durable", detail=detail, hint="fix Redis or pass --allow-volatile-redis")
+    return False
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    configure_logging()
+    validate_configs(settings.adapters)
+    host, port = settings.server.host, settings.server.port
+    if not settings.auth.keys:
+        if not _is_loopback(host):
+            log.error(
+                "refusing_to_start",
+                detail=f"no [[auth.keys]] are configured and {host} is not a loopback address; "
+                "configure keys or bind to 127.0.0.1",
+            )
+            return EXIT_REFUSED
+        log.warning("no_api_keys", detail=f"no API keys configured: serving unauthenticated on {host} only")
+    data_dir = Path(settings.redis.data_dir)
+    embedded: EmbeddedRedis | None = None
+    try:
+        if settings.redis.url:
+            url = settings.redis.url
+            if not check_external_durability(url, settings.redis.allow_volatile):
+                return EXIT_REFUSED
+        else:
+            embedded = EmbeddedRedis(data_dir)
+            url = embedded.start()
+            log.info("embedded_redis_started", url=url, data_dir=str(embedded.data_dir), pid=embedded.process.pid if embedded.process else None)
+        from gateway.app import create_app
+
+        app = create_app(settings, redis_url=url, state_file=data_dir / "fencegate.state")
+        log.info("listening", host=host, port=port, registration=settings.fencing.registration, version=__version__)
+        web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=settings.fencing.dispatch_timeout_seconds)
+        return EXIT_OK
+    except EmbeddedRedisError as exc:
+        log.error("embedded_redis_failed", detail=str(exc))
+        return EXIT_RUNTIME
+    finally:
+        if embedded is not None:
+            embedded.stop()
+            log.info("embedded_redis_stopped")
+
+
+async def _init(url: str, state_file: Path, confirm: bool) -> str:
+    from gateway.store import Store, connect
+
+    client = connect(url, timeout=5, max_connections=2)
+    try:
+        store = Store(client, registration="required", dispatch_timeout_ms=1, retention_seconds=60, state_file=state_file)
+        return await store.initialize(auto=False, confirm_data_loss=confirm)
+    finally:
+        await client.aclose()
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    configure_logging()
+    data_dir = Path(settings.redis.data_dir)
+    embedded = None
+    try:
+        url = settings.redis.url
+        if not url:
+            embedded = EmbeddedRedis(data_dir)
+            url = embedded.start()
+        result = asyncio.run(_init(url, data_dir / "fencegate.state", args.confirm_data_loss))
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    messages = {
+        "present": "already initialised: the durability marker is present",
+        "written": "initialised: durability marker written",
+        "refused": "refused: this Redis holds fencegate data or was initialised before, but has no "
+        "durability marker. Fences may have been lost. If you accept that, run again with "
+        "--confirm-data-loss (and re-register current generations).",
+    }
+    print(messages[result])
+    return EXIT_REFUSED if result == "refused" else EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings = load_settings(args.file)
+    validate_configs(settings.adapters)
+    print(f"{args.file}: ok ({len(settings.adapters)} adapters, {len(settings.auth.keys)} keys, "
+          f"registration={settings.fencing.registration})")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fencegate", description="A fencing-token gateway for side effects.")
+    parser.add_argument("--version", action="version", version=f"fencegate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="TOML config file")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--redis-url", help="external Redis; empty: embedded durable redis-server")
+    serve.add_argument("--allow-volatile-redis", action="store_true", help="start even if Redis is not durable")
+    serve.set_defaults(func=cmd_serve)
+
+    init = sub.add_parser("init", help="write the durability marker")
+    init.add_argument("--config")
+    init.add_argument("--redis-url")
+    init.add_argument("--confirm-data-loss", action="store_true", help="accept that fences may have been lost")
+    init.set_defaults(func=cmd_init)
+
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_check_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (ConfigError, AdapterConfigError) as exc:
+        print(f"fencegate: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except redis.exceptions.ConnectionError as exc:
+        print(f"fencegate: Redis unreachable: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

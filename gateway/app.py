@@ -1,0 +1,157 @@
+"""``create_app(settings, redis_url=…)`` → the aiohttp application.
+
+Resources live in ``cleanup_ctx`` in dependency order: Redis and the store,
+then the shared HTTP session and the adapters, then the effect service (whose
+cleanup drains in-flight dispatches before the adapters close).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from adapters.base import AdapterContext
+from adapters.registry import build_adapters, validate_configs
+from gateway import appkeys as K
+from gateway.auth import Authenticator
+from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
+from gateway.handlers import ROUTES
+from gateway.metrics import Metrics
+from gateway.openapi import build_openapi
+from gateway.problems import from_http_exception, problem_response
+from gateway.service import EffectService
+from gateway.settings import Settings, read_secret
+from gateway.store import Store, connect
+
+__all__ = ["create_app"]
+
+log = structlog.get_logger("fencegate")
+
+SecretReader = Callable[[str, str], str]
+
+
+@web.middleware
+async def _request_middleware(
+    request: web.Request, handler: Callable[[web.Request], object]
+) -> web.StreamResponse:
+    """Problems for every error, and one canonical log line per request."""
+    structlog.contextvars.clear_contextvars()
+    request_id = request.headers.get("X-Request-Id", "")[:64] or uuid.uuid4().hex[:16]
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    metrics = request.app[K.METRICS]
+    error: FencegateError | None = None
+    try:
+        response = await handler(request)  # type: ignore[misc]
+    except FencegateError as exc:
+        error = exc
+    except web.HTTPException as exc:
+        error = from_http_exception(exc)
+    except Exception:
+        log.exception("unhandled_error", method=request.method, path=request.path)
+        error = InternalError("internal error; see the gateway's log for the request id")
+    if error is not None:
+        response = problem_response(error)
+        metrics.problems.labels(error.code, str(error.http_status)).inc()
+        if isinstance(error, Rejection) or error.code == "bad_token":
+            metrics.rejections.labels(error.code).inc()
+            structlog.contextvars.bind_contextvars(
+                presented=error.fields.get("presented"), current=error.fields.get("current")
+            )
+        structlog.contextvars.bind_contextvars(outcome=error.code)
+    assert isinstance(response, web.StreamResponse)
+    response.headers["X-Request-Id"] = request_id
+    elapsed = time.perf_counter() - started
+    route = request.match_info.route.resource
+    metrics.request_seconds.labels(route.canonical if route else "-").observe(elapsed)
+    log.info(
+        "request",
+        method=request.method,
+        path=request.path,
+        status=response.status,
+        ms=round(elapsed * 1000, 3),
+    )
+    return response
+
+
+def create_app(
+    settings: Settings,
+    *,
+    redis_url: str,
+    state_file: Path | None = None,
+    secret: SecretReader = read_secret,
+) -> web.Application:
+    """Build the gateway. Adapter configs are validated here, before anything starts."""
+    validate_configs(settings.adapters)
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes,
+        middlewares=[_request_middleware],
+    )
+    app[K.SETTINGS] = settings
+    app[K.METRICS] = Metrics()
+    app[K.AUTH] = Authenticator(settings.auth.keys, secret)
+    app[K.OPENAPI] = json.dumps(build_openapi()).encode()
+
+    async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
+        client = connect(
+            redis_url,
+            timeout=settings.redis.timeout_seconds,
+            max_connections=settings.redis.max_connections,
+        )
+        store = Store(
+            client,
+            registration=settings.fencing.registration,
+            dispatch_timeout_ms=int(settings.fencing.dispatch_timeout_seconds * 1000),
+            retention_seconds=settings.fencing.retention_seconds,
+            state_file=state_file,
+        )
+        try:
+            await store.load_scripts()
+            result = await store.initialize(auto=True)
+            if result == "refused":
+                log.error(
+                    "durability_marker_missing",
+                    detail="Redis lost fencegate's data or was replaced; dispatching is refused "
+                    "until an operator runs `fencegate init --confirm-data-loss`",
+                )
+            elif result == "written":
+                log.info("durability_marker_written")
+        except StoreUnavailable as exc:
+            log.warning("redis_unavailable_at_start", detail=exc.detail)
+        app[K.STORE] = store
+        yield
+        await client.aclose()
+
+    async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:
+        http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=settings.redis.max_connections * 4),
+            auto_decompress=True,
+        )
+        adapters = build_adapters(settings.adapters, AdapterContext(http=http, secret=secret))
+        app[K.ADAPTERS] = adapters
+        app[K.SERVICE] = EffectService(
+            app[K.STORE],
+            adapters,
+            app[K.METRICS],
+            dispatch_timeout_seconds=settings.fencing.dispatch_timeout_seconds,
+        )
+        yield
+        remaining = await app[K.SERVICE].drain(settings.fencing.dispatch_timeout_seconds)
+        if remaining:
+            log.warning("shutdown_with_inflight_dispatches", count=remaining)
+        for adapter in adapters.values():
+            await adapter.aclose()
+        await http.close()
+
+    app.cleanup_ctx.append(redis_ctx)
+    app.cleanup_ctx.append(adapters_ctx)
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)
+    return app

@@ -1,0 +1,20 @@
+"""Typed ``web.AppKey``s: everything the app holds, named once."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from adapters.base import Adapter
+from gateway.auth import Authenticator
+from gateway.metrics import Metrics
+from gateway.service import EffectService
+from gateway.settings import Settings
+from gateway.store import Store
+
+SETTINGS = web.AppKey("settings", Settings)
+AUTH = web.AppKey("auth", Authenticator)
+METRICS = web.AppKey("metrics", Metrics)
+STORE = web.AppKey("store", Store)
+ADAPTERS = web.AppKey("adapters", dict[str, Adapter])
+SERVICE = web.AppKey("service", EffectService)
+OPENAPI = web.AppKey("openapi", bytes)

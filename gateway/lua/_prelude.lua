@@ -1,0 +1,31 @@
+--[[
+  Prelude prepended to every fencegate script by gateway.store at load time.
+
+  Result codes shared by all scripts (first element of the reply):
+    0 OK / ADMITTED / CREATED
+    1 REPLAY / ALREADY CURRENT / LOST (script-specific, see each header)
+    2 IN_PROGRESS
+    3 UNKNOWN
+    9 REJECTED: {9, reason, presented, current, audit_id, pinned_sha}
+  Numbers cross the boundary as decimal strings: Lua numbers are doubles, exact
+  up to 2^53, and tostring() would print large ones in exponent form.
+]]
+redis.replicate_commands()
+
+-- Milliseconds from the Redis clock: one clock for every gateway instance.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- Append a rejection to the job's audit stream (same slot as the decision).
+-- fields: flat list of name, value pairs. Returns the entry id.
+local function audit(stream, retention, now, fields)
+  local id = redis.call('XADD', stream, '*', 'at', fmt(now), unpack(fields))
+  redis.call('EXPIRE', stream, retention)
+  return id
+end

@@ -1,0 +1,15 @@
+--[[
+  Cancel a job: every later call and registration is refused. Idempotent.
+
+  Input:
+    KEYS[1] job hash   fg:{t/j}:job
+
+  Output:
+    {0, fence}   cancelled now
+    {1, fence}   was already cancelled
+]]
+local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled')
+local fence = job[1] or '0'
+if job[2] == '1' then return {1, fence} end
+redis.call('HSET', KEYS[1], 'cancelled', '1', 'cancelled_at', fmt(now_ms()))
+return {0, fence}

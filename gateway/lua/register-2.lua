@@ -1,0 +1,46 @@
+--[[
+  Register a generation at takeover: externally allocated, or the next one.
+
+  Input:
+    KEYS[1] job hash          fg:{t/j}:job
+    KEYS[2] job audit stream  fg:{t/j}:audit
+    ARGV[1] generation (decimal), or '' to allocate fence + 1
+    ARGV[2] lease, ms ('' for no lease)
+    ARGV[3] job id   ARGV[4] tenant   ARGV[5] retention, seconds
+    ARGV[6] largest allowed generation (2^53 - 1)
+
+  Output:
+    {0, generation, lease_exp_ms}   registered (lease_exp_ms '0' when no lease)
+    {1, generation, lease_exp_ms}   that generation was already current (idempotent retry)
+    {9, reason, presented, current, audit_id, ''}   rejected and audited
+]]
+local now = now_ms()
+local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
+local fence = tonumber(job[1]) or 0
+local presented = ARGV[1]
+
+local function reject(reason)
+  local id = audit(KEYS[2], ARGV[5], now, {
+    'tenant', ARGV[4], 'job_id', ARGV[3], 'step', '', 'reason', reason,
+    'presented', presented, 'current', fmt(fence), 'worker_id', '', 'adapter', ''})
+  return {9, reason, presented, fmt(fence), id, ''}
+end
+
+if job[2] == '1' then return reject('job_cancelled') end
+
+local gen
+if presented == '' then
+  gen = fence + 1
+  if gen > tonumber(ARGV[6]) then return redis.error_reply('generation space exhausted') end
+else
+  gen = tonumber(presented)
+end
+
+if gen < fence then return reject('generation_regression') end
+if gen == fence then return {1, fmt(gen), job[3] or '0'} end
+
+local lease_exp = '0'
+if ARGV[2] ~= '' then lease_exp = fmt(now + tonumber(ARGV[2])) end
+redis.call('HSET', KEYS[1], 'fence', fmt(gen), 'lease_ms', ARGV[2], 'lease_exp', lease_exp,
+  'registered_at', fmt(now))
+return {0, fmt(gen), lease_exp}

@@ -1,0 +1,303 @@
+"""The effect flow: admit under the fence → adapter → record. No HTTP, no Redis here.
+
+The admit and the record are one Lua script each (see :mod:`gateway.store`).
+Between them the gateway holds the step with a deadline. The process re-checks
+its own monotonic deadline right before sending, so a gateway that stalled
+past it never sends late: the gateway can be the zombie too.
+
+A dispatch runs in its own task, shielded from the request: a client that hangs
+up does not stop the outcome from being recorded, and shutdown waits for
+in-flight dispatches (:meth:`EffectService.drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from adapters.base import (
+    Adapter,
+    Delivered,
+    EffectRequest,
+    Failed,
+    InvalidPayload,
+    NotDelivered,
+    Outcome,
+    Unknown,
+)
+from gateway.errors import (
+    AdapterUnavailable,
+    EffectFailed,
+    EffectInProgress,
+    InvalidRequest,
+    OutcomeUnknown,
+    StoreUnavailable,
+    UnknownAdapter,
+)
+from gateway.intents import intent_digest
+from gateway.keys import JobKeys
+from gateway.metrics import Metrics
+from gateway.store import Admitted, EffectRecord, EffectState, InProgress, Replay, Store
+
+__all__ = ["EffectResult", "EffectService"]
+
+log = structlog.get_logger("fencegate.service")
+
+# Record retries when Redis blips right after a dispatch: the effect happened,
+# so try hard to write it down before giving up to `unknown`.
+_RECORD_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+
+@dataclass(frozen=True, slots=True)
+class EffectResult:
+    job_id: str
+    step: str
+    generation: int
+    state: str
+    replayed: bool
+    idempotency_key: str
+    adapter: str
+    result: Any
+
+
+class EffectService:
+    """Performs effects under the fence."""
+
+    def __init__(
+        self,
+        store: Store,
+        adapters: Mapping[str, Adapter],
+        metrics: Metrics,
+        *,
+        dispatch_timeout_seconds: float,
+    ) -> None:
+        self._store = store
+        self._adapters = adapters
+        self._metrics = metrics
+        self._timeout = dispatch_timeout_seconds
+        self._inflight: set[asyncio.Task[EffectResult]] = set()
+
+    def adapter(self, name: str) -> Adapter:
+        try:
+            return self._adapters[name]
+        except KeyError:
+            raise UnknownAdapter(f"no adapter named {name!r} is configured") from None
+
+    async def perform(
+        self,
+        keys: JobKeys,
+        step: str,
+        *,
+        generation: int,
+        adapter_name: str,
+        operation: str,
+        payload: Mapping[str, Any],
+        worker_id: str | None,
+    ) -> EffectResult:
+        adapter = self.adapter(adapter_name)
+        try:
+            adapter.validate(operation, payload)
+        except InvalidPayload as exc:
+            raise InvalidRequest(f"payload does not fit {adapter_name}.{operation}: {exc}") from exc
+        digest = intent_digest(adapter_name, operation, payload)
+        started = time.monotonic()
+        verdict = await self._store.admit(
+            keys,
+            step,
+            generation=generation,
+            intent_sha256=digest,
+            adapter=adapter_name,
+            operation=operation,
+            worker_id=worker_id or "",
+            resolvable=adapter.capabilities.can_resolve,
+        )
+        if isinstance(verdict, Replay):
+            return self._replay(keys, step, verdict.record)
+        if isinstance(verdict, InProgress):
+            raise EffectInProgress(
+                "another request is dispatching this step",
+                retry_after=max(1, -(-verdict.retry_after_ms // 1000)),
+            )
+        if not isinstance(verdict, Admitted):
+            self._metrics.effects.labels(adapter_name, "unknown_refused").inc()
+            raise OutcomeUnknown(
+                "an earlier dispatch of this step has an unknown outcome and the adapter "
+                "cannot resolve it; an operator must resolve it",
+                state="unknown",
+            )
+        request = EffectRequest(
+            tenant=keys.tenant,
+            job_id=keys.job_id,
+            step=step,
+            generation=generation,
+            idempotency_key=f"{keys.job_id}:{step}",
+            operation=operation,
+            payload=payload,
+            # Monotonic and started before the admit: never later than Redis's deadline.
+            deadline=started + self._timeout,
+        )
+        task = asyncio.create_task(self._dispatch(keys, adapter, request, verdict))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
+    def _replay(self, keys: JobKeys, step: str, record: EffectRecord) -> EffectResult:
+        self._metrics.effects.labels(record.adapter, "replayed").inc()
+        if record.state == "failed":
+            raise EffectFailed(
+                "the downstream permanently refused this effect (recorded)",
+                error=record.error,
+                replayed=True,
+                generation=record.generation,
+            )
+        return EffectResult(
+            job_id=keys.job_id,
+            step=step,
+            generation=record.generation,
+            state=record.state,
+            replayed=True,
+            idempotency_key=f"{keys.job_id}:{step}",
+            adapter=record.adapter,
+            result=record.result,
+        )
+
+    async def _dispatch(
+        self, keys: JobKeys, adapter: Adapter, request: EffectRequest, admitted: Admitted
+    ) -> EffectResult:
+        outcome: Outcome | None = None
+        replayed = False
+        if admitted.resolving:
+            outcome = await self._resolve(adapter, request)
+            replayed = isinstance(outcome, Delivered)
+        if outcome is None:
+            outcome = await self._send(adapter, request)
+        state = await self._record(keys, adapter.name, request, admitted.dispatch_id, outcome)
+        return self._respond(keys, request, adapter.name, state, outcome, replayed)
+
+    async def _resolve(self, adapter: Adapter, request: EffectRequest) -> Outcome | None:
+        """An unknown step: ask the downstream (lookup), else rely on its deduplication."""
+        if adapter.capabilities.lookup:
+            try:
+                found = await adapter.lookup(request)
+            except Exception:
+                log.exception("lookup_failed", adapter=adapter.name, key=request.idempotency_key)
+                found = None
+            if isinstance(found, Delivered):
+                self._metrics.effects.labels(adapter.name, "resolved_by_lookup").inc()
+                return found
+            if isinstance(found, NotDelivered):
+                return None  # known not done: dispatch again under the same key
+        if adapter.capabilities.dedupes_by_key:
+            return None  # the downstream deduplicates by key: re-sending is safe
+        return Unknown("lookup could not tell whether the effect happened")
+
+    async def _send(self, adapter: Adapter, request: EffectRequest) -> Outcome:
+        if request.remaining() <= 0:
+            # This process stalled past the step's deadline: it must not send late.
+            return NotDelivered("dispatch deadline passed before sending")
+        started = time.perf_counter()
+        try:
+            outcome = await adapter.dispatch(request)
+        except Exception as exc:
+            log.exception("adapter_raised", adapter=adapter.name, key=request.idempotency_key)
+            outcome = Unknown(f"adapter raised {type(exc).__name__}")
+        self._metrics.dispatch_seconds.labels(adapter.name).observe(time.perf_counter() - started)
+        return outcome
+
+    async def _record(
+        self,
+        keys: JobKeys,
+        adapter_name: str,
+        request: EffectRequest,
+        dispatch_id: str,
+        outcome: Outcome,
+    ) -> EffectState:
+        state: EffectState
+        result = error = None
+        if isinstance(outcome, Delivered):
+            state, result = "succeeded", outcome.result
+        elif isinstance(outcome, Failed):
+            state, error = "failed", outcome.error
+        elif isinstance(outcome, NotDelivered):
+            state, error = "released", {"reason": outcome.reason}
+        else:
+            state, error = "unknown", {"reason": outcome.reason}
+        for delay in (0.0, *_RECORD_BACKOFF):
+            if delay:
+                await asyncio.sleep(delay)
+            try:
+                held = await self._store.record(
+                    keys, request.step, dispatch_id, state, result=result, error=error
+                )
+            except StoreUnavailable:
+                continue
+            if not held:
+                log.warning(
+                    "record_lost_step",
+                    key=request.idempotency_key,
+                    observed=state,
+                    detail="the step was resolved or re-claimed while this dispatch ran",
+                )
+            self._metrics.effects.labels(adapter_name, state).inc()
+            return state
+        log.error("record_failed", key=request.idempotency_key, observed=state)
+        self._metrics.effects.labels(adapter_name, "unrecorded").inc()
+        raise OutcomeUnknown(
+            f"the effect was dispatched ({state}) but Redis could not record the outcome; "
+            "the step will read as unknown",
+            status=504,
+            state="unknown",
+        )
+
+    def _respond(
+        self,
+        keys: JobKeys,
+        request: EffectRequest,
+        adapter_name: str,
+        state: EffectState,
+        outcome: Outcome,
+        replayed: bool,
+    ) -> EffectResult:
+        if isinstance(outcome, Delivered):
+            return EffectResult(
+                job_id=keys.job_id,
+                step=request.step,
+                generation=request.generation,
+                state="succeeded",
+                replayed=replayed,
+                idempotency_key=request.idempotency_key,
+                adapter=adapter_name,
+                result=outcome.result,
+            )
+        if isinstance(outcome, Failed):
+            raise EffectFailed(
+                "the downstream permanently refused this effect",
+                error=outcome.error,
+                replayed=False,
+                generation=request.generation,
+            )
+        if isinstance(outcome, NotDelivered):
+            raise AdapterUnavailable(
+                f"{adapter_name}: {outcome.reason}; nothing was delivered, the step is "
+                "released and may be retried",
+                state=state,
+            )
+        raise OutcomeUnknown(
+            f"{adapter_name}: {outcome.reason}; the effect may or may not have happened",
+            status=504,
+            state=state,
+        )
+
+    async def drain(self, timeout: float) -> int:
+        """Wait for in-flight dispatches to record their outcomes; return how many remain."""
+        pending = set(self._inflight)
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=timeout)
+            return len(still)
+        return 0
+

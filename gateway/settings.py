@@ -1,0 +1,176 @@
+"""Settings: a TOML file plus ``FENCEGATE_<SECTION>__<KEY>`` environment overrides.
+
+This is the only module that reads the environment. Everything below it gets a
+frozen :class:`Settings` (and resolved secrets) passed in.
+
+Precedence, highest first: environment variables, the TOML file, defaults.
+An unknown key or a value of the wrong type is a start-up error that names the
+key (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = [
+    "AuthKey",
+    "AuthSettings",
+    "ConfigError",
+    "FencingSettings",
+    "RedisSettings",
+    "ServerSettings",
+    "Settings",
+    "load_settings",
+    "read_secret",
+]
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the offending key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 262_144
+    # /metrics answers only peers on a loopback address unless this is true
+    # (put it behind your scrape network's own controls before enabling).
+    metrics_public: bool = False
+
+
+class RedisSettings(_Section):
+    url: str = ""
+    data_dir: str = ".fencegate"
+    # Bound on a single Redis command; past it the call fails closed (503).
+    timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
+    max_connections: Annotated[int, Field(ge=1, le=10_000)] = 64
+    # Start even when an external Redis is not configured durably (warns loudly).
+    allow_volatile: bool = False
+
+
+class FencingSettings(_Section):
+    registration: Literal["required", "implicit"] = "required"
+    dispatch_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30
+    retention_seconds: Annotated[int, Field(ge=60)] = 604_800
+
+
+Role = Literal["worker", "scheduler", "auditor", "admin"]
+
+
+class AuthKey(_Section):
+    role: Role
+    sha256: str = ""
+    key_env: str = ""
+    tenant: str = "default"
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, v: str) -> str:
+        if v and not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+            raise ValueError("must be the 64-character hex SHA-256 digest of the key")
+        return v.lower()
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("tenant must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+        return v
+
+
+class AuthSettings(_Section):
+    token_signing_key_env: str = ""
+    keys: tuple[AuthKey, ...] = ()
+
+
+class Settings(BaseSettings):
+    """The whole configuration, frozen once built."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FENCEGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerSettings = ServerSettings()
+    redis: RedisSettings = RedisSettings()
+    fencing: FencingSettings = FencingSettings()
+    auth: AuthSettings = AuthSettings()
+    # Each adapter section is validated by its own type's model (adapters.registry).
+    adapters: dict[str, dict[str, Any]] = {}
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_names(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, section in v.items():
+            if not NAME_RE.match(name):
+                raise ValueError(f"adapter name {name!r} must match {NAME_RE.pattern}")
+            if "type" not in section:
+                raise ValueError(f"[adapters.{name}] needs a 'type' key")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file arrives as init kwargs; environment variables win over it.
+        return (env_settings, init_settings)
+
+
+def _describe(exc: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration in {origin}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"  {key}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Build :class:`Settings` from an optional TOML file, the environment and overrides.
+
+    ``overrides`` are section dicts (e.g. ``server={"port": 0}``) merged over the
+    file; they are how the CLI's ``--host``/``--port``/``--redis-url`` flags land.
+    """
+    data: dict[str, Any] = {}
+    origin = "defaults and environment"
+    if path is not None:
+        origin = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"configuration file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origin)) from exc
+
+
+def read_secret(env_name: str, what: str) -> str:
+    """Read a secret from the environment variable the config names; never log it."""
+    value = os.environ.get(env_name)
+    if not value:
+        raise ConfigError(f"{what}: environment variable {env_name} is not set or empty")
+    return value

@@ -1,0 +1,565 @@
+"""The only module that talks to Redis: runs the Lua scripts and turns their replies into verdicts.
+
+Every decision (register, admit, record, heartbeat, cancel) is one script, one
+round trip. Script replies become typed verdicts (or typed rejections) in
+exactly one place, :func:`_rejection` and the ``_*_verdict`` helpers below.
+
+Durability (SPEC §7): the store refuses to work on a Redis that lost its data.
+A restarted Redis always comes back with an empty script cache, so the first
+EVALSHA after a restart fails with NOSCRIPT; before re-loading the scripts the
+store checks the durability marker, and if it is gone every call fails closed
+with :class:`~gateway.errors.StoreUnavailable` until an operator runs
+``fencegate init --confirm-data-loss``. No script ever runs on a wiped Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.errors import (
+    FencegateError,
+    GenerationRegression,
+    IntentMismatch,
+    JobCancelled,
+    LeaseExpired,
+    StaleGeneration,
+    StoreUnavailable,
+    UnregisteredGeneration,
+)
+from gateway.keys import MARKER, PREFIX, JobKeys, audit_feed
+from gateway.tokens import MAX_GENERATION
+
+__all__ = [
+    "Admitted",
+    "AuditEntry",
+    "EffectRecord",
+    "InProgress",
+    "JobView",
+    "Registration",
+    "Store",
+    "connect",
+]
+
+T = TypeVar("T")
+
+SCRIPT_NAMES = ("admit-4", "record-1", "register-2", "heartbeat-2", "cancel-1")
+# Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
+_UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
+
+EffectState = Literal["dispatching", "succeeded", "failed", "unknown", "released"]
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    """One step's effect as stored."""
+
+    state: EffectState
+    generation: int
+    intent_sha256: str
+    adapter: str
+    operation: str
+    result: Any
+    error: Any
+    updated_at_ms: int
+    created_at_ms: int
+    attempts: int
+    worker_id: str | None
+
+    @classmethod
+    def from_flat(cls, flat: Sequence[str]) -> EffectRecord:
+        return cls.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> EffectRecord:
+        return cls(
+            state=h["state"],  # type: ignore[arg-type]
+            generation=int(h.get("generation") or 0),
+            intent_sha256=h.get("intent_sha256", ""),
+            adapter=h.get("adapter", ""),
+            operation=h.get("operation", ""),
+            result=json.loads(h["result"]) if h.get("result") else None,
+            error=json.loads(h["error"]) if h.get("error") else None,
+            updated_at_ms=int(h.get("updated_at") or 0),
+            created_at_ms=int(h.get("created_at") or 0),
+            attempts=int(h.get("attempts") or 0),
+            worker_id=h.get("worker_id") or None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The caller now holds the step and must dispatch, then record under ``dispatch_id``."""
+
+    dispatch_id: str
+    fence: int
+    deadline_ms: int
+    resolving: bool  # the step was ``unknown``; resolve through lookup / dedupes first
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The step already has a recorded outcome (succeeded or failed)."""
+
+    record: EffectRecord
+
+
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    retry_after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """The step's outcome is unknown and the adapter cannot resolve it."""
+
+    record: EffectRecord
+
+
+AdmitVerdict = Admitted | Replay | InProgress | Unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    generation: int
+    lease_expires_at_ms: int | None
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    fence: int
+    lease_ms: int | None
+    lease_expires_at_ms: int | None
+    cancelled: bool
+    effects: dict[str, EffectRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    id: str
+    at_ms: int
+    job_id: str
+    step: str | None
+    reason: str
+    presented: int | None
+    current: int | None
+    worker_id: str | None
+    adapter: str | None
+
+    @classmethod
+    def from_fields(cls, entry_id: str, f: dict[str, str]) -> AuditEntry:
+        return cls(
+            id=entry_id,
+            at_ms=int(f.get("at") or 0),
+            job_id=f.get("job_id", ""),
+            step=f.get("step") or None,
+            reason=f.get("reason", ""),
+            presented=int(f["presented"]) if f.get("presented") else None,
+            current=int(f["current"]) if f.get("current") else None,
+            worker_id=f.get("worker_id") or None,
+            adapter=f.get("adapter") or None,
+        )
+
+
+_REJECTIONS: dict[str, type[FencegateError]] = {
+    c.code: c
+    for c in (
+        StaleGeneration,
+        UnregisteredGeneration,
+        LeaseExpired,
+        JobCancelled,
+        GenerationRegression,
+        IntentMismatch,
+    )
+}
+
+_DETAILS = {
+    "stale_generation": "generation {p} is below the job's fence {c}; stop working on this job",
+    "unregistered_generation": "generation {p} is above the fence {c} and was never registered",
+    "lease_expired": "the lease of generation {p} ran out without renewal",
+    "job_cancelled": "the job was cancelled",
+    "generation_regression": "generation {p} is below the job's fence {c}",
+    "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
+}
+
+
+def _lua_source(name: str) -> str:
+    lua = resources.files("gateway") / "lua"
+    prelude = (lua / "_prelude.lua").read_text(encoding="utf-8")
+    return prelude + "\n" + (lua / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _optional_int(raw: str) -> int | None:
+    return int(raw) if raw else None
+
+
+class Store:
+    """Fences, effects and audit entries in Redis; every decision is one Lua script."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        registration: str,
+        dispatch_timeout_ms: int,
+        retention_seconds: int,
+        state_file: Path | None = None,
+    ) -> None:
+        self._client = client
+        self._registration = registration
+        self._dispatch_timeout_ms = str(dispatch_timeout_ms)
+        self._retention = str(retention_seconds)
+        self._retention_ms = retention_seconds * 1000
+        self._state_file = state_file
+        self._scripts = {name: client.register_script(_lua_source(name)) for name in SCRIPT_NAMES}
+        self._scripts_loaded = False
+        # False once the durability marker was found missing: fail closed until init.
+        self._data_ok = False
+
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._client
+
+    # -- plumbing ------------------------------------------------------------
+
+    async def _guard(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run a Redis call; availability failures become ``StoreUnavailable``."""
+        try:
+            return await call()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}") from exc
+        except ResponseError as exc:
+            if str(exc).startswith(_UNAVAILABLE_PREFIXES):
+                raise StoreUnavailable(f"Redis refused the command: {exc}") from exc
+            raise
+
+    async def load_scripts(self) -> None:
+        """Load every script (a syntax error fails here, at boot)."""
+
+        async def load() -> None:
+            for script in self._scripts.values():
+                sha = await self._client.script_load(script.script)
+                if sha != script.sha:  # pragma: no cover - redis-py and Redis disagree on SHA1
+                    raise RuntimeError("script SHA mismatch")
+
+        await self._guard(load)
+        self._scripts_loaded = True
+
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[str]) -> list[Any]:
+        """EVALSHA one script; on NOSCRIPT check the durability marker, reload, retry once."""
+        if not self._data_ok:
+            await self.check_marker()
+        script = self._scripts[name]
+
+        async def call() -> list[Any]:
+            try:
+                reply: list[Any] = await self._client.evalsha(
+                    script.sha, len(keys), *keys, *args
+                )
+            except NoScriptError:
+                # Script cache empty: Redis restarted or was flushed. It may have
+                # come back without our data; never run a script on a wiped Redis.
+                self._scripts_loaded = False
+                await self.check_marker()
+                await self.load_scripts()
+                reply = await self._client.evalsha(script.sha, len(keys), *keys, *args)
+            return reply
+
+        return await self._guard(call)
+
+    # -- durability marker ---------------------------------------------------
+
+    async def check_marker(self) -> None:
+        """Fail closed (``StoreUnavailable``) unless the durability marker is present."""
+        marker = await self._guard(lambda: self._client.get(MARKER))
+        if marker is None:
+            self._data_ok = False
+            raise StoreUnavailable(
+                "Redis has no fencegate durability marker: it was wiped or replaced. "
+                "Fences may have been lost; an operator must run "
+                "`fencegate init --confirm-data-loss` before dispatching resumes."
+            )
+        self._data_ok = True
+
+    async def _has_fencegate_data(self) -> bool:
+        async for _ in self._client.scan_iter(match=PREFIX + "*", count=1000):
+            return True
+        return False
+
+    async def initialize(self, *, auto: bool, confirm_data_loss: bool = False) -> str:
+        """Write the durability marker when it is safe; return what happened.
+
+        ``auto`` is the implicit init at first start: it only writes the marker
+        on a Redis with no fencegate data when no earlier initialisation is
+        recorded in the state file. Otherwise ``confirm_data_loss`` is needed.
+        """
+
+        async def run() -> str:
+            if await self._client.get(MARKER) is not None:
+                self._record_state()
+                self._data_ok = True
+                return "present"
+            seen_before = self._state_file is not None and self._state_file.exists()
+            if (seen_before or await self._has_fencegate_data()) and not confirm_data_loss:
+                self._data_ok = False
+                return "refused"
+            value = json.dumps({"id": secrets.token_hex(8), "created_at": time.time()})
+            await self._client.set(MARKER, value, nx=True)
+            self._record_state()
+            self._data_ok = True
+            return "written"
+
+        return await self._guard(run)
+
+    def _record_state(self) -> None:
+        if self._state_file is not None and not self._state_file.exists():
+            self._state_file.parent.mkdir(parents=True, exist_ok=True)
+            self._state_file.write_text("initialised\n", encoding="utf-8")
+
+    async def ready(self) -> dict[str, bool]:
+        """Readiness: Redis answers, scripts loaded, durability marker present."""
+        checks = {"redis": False, "scripts": False, "marker": False}
+        try:
+            await self._guard(self._client.ping)
+            checks["redis"] = True
+            if not self._scripts_loaded:
+                await self.load_scripts()
+            exists = await self._guard(lambda: self._client.script_exists(self._scripts["admit-4"].sha))
+            checks["scripts"] = bool(exists and exists[0])
+            checks["marker"] = bool(await self._guard(lambda: self._client.exists(MARKER)))
+            self._data_ok = checks["marker"]
+        except (StoreUnavailable, RedisError):
+            pass
+        return checks
+
+    # -- decisions -----------------------------------------------------------
+
+    async def _rejected(
+        self,
+        keys: JobKeys,
+        reply: list[Any],
+        *,
+        step: str = "",
+        worker_id: str = "",
+        adapter: str = "",
+    ) -> FencegateError:
+        """Turn a ``{9, reason, presented, current, audit_id, pinned}`` reply into an error.
+
+        The entry is already in the job's audit stream (written by the script,
+        atomically with the decision); a copy goes to the tenant-wide feed so
+        the audit log can be listed across jobs without touching many slots.
+        """
+        _, reason, presented, current, audit_id, pinned = reply
+        entry = {
+            "at": str(audit_id).split("-")[0],
+            "tenant": keys.tenant,
+            "job_id": keys.job_id,
+            "step": step,
+            "reason": reason,
+            "presented": presented,
+            "current": current,
+            "worker_id": worker_id,
+            "adapter": adapter,
+            "job_audit_id": audit_id,
+        }
+        min_id = f"{int(time.time() * 1000) - self._retention_ms}-0"
+        await self._guard(
+            lambda: self._client.xadd(audit_feed(keys.tenant), entry, minid=min_id, approximate=True)
+        )
+        fields: dict[str, Any] = {
+            "presented": int(presented) if presented else None,
+            "current": int(current),
+        }
+        if pinned:
+            fields["pinned_intent_sha256"] = pinned
+        detail = _DETAILS[reason].format(p=presented or "(next)", c=current)
+        return _REJECTIONS[reason](detail, **fields)
+
+    async def register(
+        self, keys: JobKeys, generation: int | None, lease_ms: int | None
+    ) -> Registration:
+        reply = await self._run(
+            "register-2",
+            (keys.job, keys.audit),
+            (
+                "" if generation is None else str(generation),
+                "" if lease_ms is None else str(lease_ms),
+                keys.job_id,
+                keys.tenant,
+                self._retention,
+                str(MAX_GENERATION),
+            ),
+        )
+        if int(reply[0]) == 9:
+            raise await self._rejected(keys, reply)
+        lease = int(reply[2])
+        return Registration(int(reply[1]), lease or None, created=int(reply[0]) == 0)
+
+    async def heartbeat(self, keys: JobKeys, generation: int, worker_id: str) -> tuple[int, int | None]:
+        reply = await self._run(
+            "heartbeat-2",
+            (keys.job, keys.audit),
+            (str(generation), self._registration, keys.job_id, worker_id, keys.tenant, self._retention),
+        )
+        if int(reply[0]) == 9:
+            raise await self._rejected(keys, reply, worker_id=worker_id)
+        return int(reply[1]), (int(reply[2]) or None)
+
+    async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
+        """Cancel the job; returns (fence, was_already_cancelled)."""
+        reply = await self._run("cancel-1", (keys.job,), ())
+        return int(reply[1]), int(reply[0]) == 1
+
+    async def admit(
+        self,
+        keys: JobKeys,
+        step: str,
+        *,
+        generation: int,
+        intent_sha256: str,
+        adapter: str,
+        operation: str,
+        worker_id: str,
+        resolvable: bool,
+    ) -> AdmitVerdict:
+        dispatch_id = secrets.token_hex(12)
+        reply = await self._run(
+            "admit-4",
+            (keys.job, keys.effect(step), keys.audit, keys.steps),
+            (
+                str(generation),
+                self._registration,
+                intent_sha256,
+                adapter,
+                operation,
+                dispatch_id,
+                self._dispatch_timeout_ms,
+                self._retention,
+                "1" if resolvable else "0",
+                keys.job_id,
+                step,
+                worker_id,
+                keys.tenant,
+            ),
+        )
+        code = int(reply[0])
+        if code == 0:
+            return Admitted(str(reply[1]), int(reply[2]), int(reply[3]), reply[4] == "1")
+        if code == 1:
+            return Replay(EffectRecord.from_flat(reply[1:]))
+        if code == 2:
+            return InProgress(int(reply[1]))
+        if code == 3:
+            return Unknown(EffectRecord.from_flat(reply[1:]))
+        raise await self._rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
+
+    async def record(
+        self,
+        keys: JobKeys,
+        step: str,
+        dispatch_id: str,
+        state: EffectState,
+        *,
+        result: Any = None,
+        error: Any = None,
+    ) -> bool:
+        """Record a dispatch's outcome; False if the step is no longer held by it."""
+        reply = await self._run(
+            "record-1",
+            (keys.effect(step),),
+            (
+                dispatch_id,
+                state,
+                "" if result is None else json.dumps(result, separators=(",", ":")),
+                "" if error is None else json.dumps(error, separators=(",", ":")),
+                self._retention,
+            ),
+        )
+        return int(reply[0]) == 0
+
+    # -- views ---------------------------------------------------------------
+
+    async def effect(self, keys: JobKeys, step: str) -> EffectRecord | None:
+        h = await self._guard(lambda: self._client.hgetall(keys.effect(step)))
+        return EffectRecord.from_hash(h) if h else None
+
+    async def job(self, keys: JobKeys) -> JobView | None:
+        async def read() -> tuple[dict[str, str], dict[str, EffectRecord]]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(keys.job)
+                pipe.smembers(keys.steps)
+                job, steps = await pipe.execute()
+            effects: dict[str, EffectRecord] = {}
+            if steps:
+                ordered = sorted(steps)
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for step in ordered:
+                        pipe.hgetall(keys.effect(step))
+                    hashes = await pipe.execute()
+                effects = {s: EffectRecord.from_hash(h) for s, h in zip(ordered, hashes, strict=True) if h}
+            return job, effects
+
+        if not self._data_ok:
+            await self.check_marker()
+        job, effects = await self._guard(read)
+        if not job and not effects:
+            return None
+        lease_exp = int(job.get("lease_exp") or 0)
+        return JobView(
+            fence=int(job.get("fence") or 0),
+            lease_ms=_optional_int(job.get("lease_ms", "")),
+            lease_expires_at_ms=lease_exp or None,
+            cancelled=job.get("cancelled") == "1",
+            effects=effects,
+        )
+
+    async def audit(
+        self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None
+    ) -> tuple[list[AuditEntry], str | None]:
+        """Rejections newest first; returns (entries, next cursor)."""
+        key = JobKeys(tenant, job_id).audit if job_id else audit_feed(tenant)
+        end = f"({cursor}" if cursor else "+"
+
+        async def read() -> list[tuple[str, dict[str, str]]]:
+            rows: list[tuple[str, dict[str, str]]] = await self._client.xrevrange(
+                key, max=end, min="-", count=limit + 1
+            )
+            return rows
+
+        rows = await self._guard(read)
+        entries = [AuditEntry.from_fields(i, f) for i, f in rows[:limit]]
+        next_cursor = entries[-1].id if len(rows) > limit else None
+        return entries, next_cursor
+
+
+def connect(url: str, *, timeout: float, max_connections: int) -> aioredis.Redis:
+    """A redis-py client with one shared pool.
+
+    Only connection errors are retried (twice, quickly): a command that timed
+    out may have run, so it is never re-sent blindly; admit and record are safe
+    to re-run with the same dispatch id when a reset connection lost the reply.
+    """
+    retry = Retry(ExponentialBackoff(cap=0.2, base=0.01), 2, (RedisConnectionError,))
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        max_connections=max_connections,
+        retry=retry,
+        health_check_interval=0,
+    )
