@@ -14,17 +14,50 @@ so the tag is unambiguous.
 ``fg:audit:<t>``        stream: the tenant-wide audit feed (a copy of each entry,
                         appended right after the deciding script), trimmed by age.
 ``fg:marker``           the durability marker written by ``fencegate init``.
+``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
+                        init. Every deciding script checks the marker of its
+                        own job's slot, so a wiped (or partly lost) Redis fails
+                        closed atomically, without a script touching a second
+                        slot. ``<s>`` is a short string whose CRC16 lands in
+                        that slot (:func:`slot_tags`).
 ======================  =====================================================
 """
 
 from __future__ import annotations
 
+import functools
+from binascii import crc_hqx
 from dataclasses import dataclass
 
-__all__ = ["MARKER", "JobKeys", "audit_feed"]
+__all__ = ["MARKER", "SLOTS", "JobKeys", "audit_feed", "key_slot", "slot_marker", "slot_tags"]
 
 MARKER = "fg:marker"
 PREFIX = "fg:"
+SLOTS = 16384
+
+
+def key_slot(tag: str) -> int:
+    """The Redis Cluster slot of a hash tag: CRC16-XMODEM (``crc_hqx`` with 0) mod 16384."""
+    return crc_hqx(tag.encode(), 0) % SLOTS
+
+
+@functools.cache
+def slot_tags() -> tuple[str, ...]:
+    """For every slot, a short tag that hashes to it (about 0.1 s to build, once)."""
+    tags: list[str | None] = [None] * SLOTS
+    found = i = 0
+    while found < SLOTS:
+        candidate = format(i, "x")
+        slot = key_slot(candidate)
+        if tags[slot] is None:
+            tags[slot] = candidate
+            found += 1
+        i += 1
+    return tuple(t for t in tags if t is not None)
+
+
+def slot_marker(slot: int) -> str:
+    return "fg:marker:{" + slot_tags()[slot] + "}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +70,11 @@ class JobKeys:
     @property
     def tag(self) -> str:
         return "{" + self.tenant + "/" + self.job_id + "}"
+
+    @property
+    def marker(self) -> str:
+        """The durability marker in this job's slot."""
+        return slot_marker(key_slot(self.tenant + "/" + self.job_id))
 
     @property
     def job(self) -> str:

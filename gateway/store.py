@@ -4,12 +4,12 @@ Every decision (register, admit, record, heartbeat, cancel) is one script, one
 round trip. Script replies become typed verdicts (or typed rejections) in
 exactly one place, :func:`_rejection` and the ``_*_verdict`` helpers below.
 
-Durability (SPEC §7): the store refuses to work on a Redis that lost its data.
-A restarted Redis always comes back with an empty script cache, so the first
-EVALSHA after a restart fails with NOSCRIPT; before re-loading the scripts the
-store checks the durability marker, and if it is gone every call fails closed
-with :class:`~gateway.errors.StoreUnavailable` until an operator runs
-``fencegate init --confirm-data-loss``. No script ever runs on a wiped Redis.
+Durability (SPEC §7): every deciding script first checks the durability marker
+of its job's slot (written for all 16384 slots by ``fencegate init``, see
+:mod:`gateway.keys`). A Redis that restarted empty, was flushed, or lost a slot
+answers ``{8}`` and the call fails closed with
+:class:`~gateway.errors.StoreUnavailable` — atomically, in the same round trip
+as the decision — until an operator runs ``fencegate init --confirm-data-loss``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import (
@@ -40,7 +40,7 @@ from gateway.errors import (
     StoreUnavailable,
     UnregisteredGeneration,
 )
-from gateway.keys import MARKER, PREFIX, JobKeys, audit_feed
+from gateway.keys import MARKER, PREFIX, SLOTS, JobKeys, audit_feed, slot_marker
 from gateway.tokens import MAX_GENERATION
 
 __all__ = [
@@ -56,7 +56,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-SCRIPT_NAMES = ("admit-4", "record-1", "register-2", "heartbeat-2", "cancel-1")
+SCRIPT_NAMES = ("admit-5", "record-1", "register-3", "heartbeat-3", "cancel-2")
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
 
@@ -227,8 +227,6 @@ class Store:
         self._state_file = state_file
         self._scripts = {name: client.register_script(_lua_source(name)) for name in SCRIPT_NAMES}
         self._scripts_loaded = False
-        # False once the durability marker was found missing: fail closed until init.
-        self._data_ok = False
 
     @property
     def client(self) -> aioredis.Redis:
@@ -260,40 +258,18 @@ class Store:
         self._scripts_loaded = True
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[str]) -> list[Any]:
-        """EVALSHA one script; on NOSCRIPT check the durability marker, reload, retry once."""
-        if not self._data_ok:
-            await self.check_marker()
+        """One script, one round trip (EVALSHA; redis-py reloads it on NOSCRIPT)."""
         script = self._scripts[name]
-
-        async def call() -> list[Any]:
-            try:
-                reply: list[Any] = await self._client.evalsha(
-                    script.sha, len(keys), *keys, *args
-                )
-            except NoScriptError:
-                # Script cache empty: Redis restarted or was flushed. It may have
-                # come back without our data; never run a script on a wiped Redis.
-                self._scripts_loaded = False
-                await self.check_marker()
-                await self.load_scripts()
-                reply = await self._client.evalsha(script.sha, len(keys), *keys, *args)
-            return reply
-
-        return await self._guard(call)
+        reply: list[Any] = await self._guard(lambda: script(keys=keys, args=args))
+        if reply[0] == 8:
+            raise StoreUnavailable(
+                "Redis has lost fencegate's data (the durability marker of this job's slot is "
+                "missing): fences may be gone, so nothing is dispatched. An operator must run "
+                "`fencegate init --confirm-data-loss` and re-register current generations."
+            )
+        return reply
 
     # -- durability marker ---------------------------------------------------
-
-    async def check_marker(self) -> None:
-        """Fail closed (``StoreUnavailable``) unless the durability marker is present."""
-        marker = await self._guard(lambda: self._client.get(MARKER))
-        if marker is None:
-            self._data_ok = False
-            raise StoreUnavailable(
-                "Redis has no fencegate durability marker: it was wiped or replaced. "
-                "Fences may have been lost; an operator must run "
-                "`fencegate init --confirm-data-loss` before dispatching resumes."
-            )
-        self._data_ok = True
 
     async def _has_fencegate_data(self) -> bool:
         async for _ in self._client.scan_iter(match=PREFIX + "*", count=1000):
@@ -309,18 +285,20 @@ class Store:
         """
 
         async def run() -> str:
-            if await self._client.get(MARKER) is not None:
+            if await self._client.get(MARKER) is not None and not confirm_data_loss:
                 self._record_state()
-                self._data_ok = True
                 return "present"
             seen_before = self._state_file is not None and self._state_file.exists()
             if (seen_before or await self._has_fencegate_data()) and not confirm_data_loss:
-                self._data_ok = False
                 return "refused"
             value = json.dumps({"id": secrets.token_hex(8), "created_at": time.time()})
-            await self._client.set(MARKER, value, nx=True)
+            # Slot markers first, the global one last: readiness means all are there.
+            # (MSET in chunks: 16384 keys in ~30 ms with appendfsync always.)
+            markers = [slot_marker(slot) for slot in range(SLOTS)]
+            for i in range(0, SLOTS, 2048):
+                await self._client.mset(dict.fromkeys(markers[i : i + 2048], value))
+            await self._client.set(MARKER, value)
             self._record_state()
-            self._data_ok = True
             return "written"
 
         return await self._guard(run)
@@ -338,10 +316,11 @@ class Store:
             checks["redis"] = True
             if not self._scripts_loaded:
                 await self.load_scripts()
-            exists = await self._guard(lambda: self._client.script_exists(self._scripts["admit-4"].sha))
-            checks["scripts"] = bool(exists and exists[0])
+            exists = await self._guard(
+                lambda: self._client.script_exists(*(s.sha for s in self._scripts.values()))
+            )
+            checks["scripts"] = all(exists)
             checks["marker"] = bool(await self._guard(lambda: self._client.exists(MARKER)))
-            self._data_ok = checks["marker"]
         except (StoreUnavailable, RedisError):
             pass
         return checks
@@ -393,8 +372,8 @@ class Store:
         self, keys: JobKeys, generation: int | None, lease_ms: int | None
     ) -> Registration:
         reply = await self._run(
-            "register-2",
-            (keys.job, keys.audit),
+            "register-3",
+            (keys.job, keys.audit, keys.marker),
             (
                 "" if generation is None else str(generation),
                 "" if lease_ms is None else str(lease_ms),
@@ -411,8 +390,8 @@ class Store:
 
     async def heartbeat(self, keys: JobKeys, generation: int, worker_id: str) -> tuple[int, int | None]:
         reply = await self._run(
-            "heartbeat-2",
-            (keys.job, keys.audit),
+            "heartbeat-3",
+            (keys.job, keys.audit, keys.marker),
             (str(generation), self._registration, keys.job_id, worker_id, keys.tenant, self._retention),
         )
         if int(reply[0]) == 9:
@@ -421,7 +400,7 @@ class Store:
 
     async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
         """Cancel the job; returns (fence, was_already_cancelled)."""
-        reply = await self._run("cancel-1", (keys.job,), ())
+        reply = await self._run("cancel-2", (keys.job, keys.marker), ())
         return int(reply[1]), int(reply[0]) == 1
 
     async def admit(
@@ -438,8 +417,8 @@ class Store:
     ) -> AdmitVerdict:
         dispatch_id = secrets.token_hex(12)
         reply = await self._run(
-            "admit-4",
-            (keys.job, keys.effect(step), keys.audit, keys.steps),
+            "admit-5",
+            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.marker),
             (
                 str(generation),
                 self._registration,
@@ -513,8 +492,6 @@ class Store:
                 effects = {s: EffectRecord.from_hash(h) for s, h in zip(ordered, hashes, strict=True) if h}
             return job, effects
 
-        if not self._data_ok:
-            await self.check_marker()
         job, effects = await self._guard(read)
         if not job and not effects:
             return None
@@ -554,12 +531,16 @@ def connect(url: str, *, timeout: float, max_connections: int) -> aioredis.Redis
     to re-run with the same dispatch id when a reset connection lost the reply.
     """
     retry = Retry(ExponentialBackoff(cap=0.2, base=0.01), 2, (RedisConnectionError,))
-    return aioredis.Redis.from_url(
+    # A blocking pool: under a burst, requests wait (up to `timeout`) for a
+    # connection instead of failing with "Too many connections".
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         max_connections=max_connections,
+        timeout=timeout,
         retry=retry,
         health_check_interval=0,
     )
+    return aioredis.Redis.from_pool(pool)  # the client owns and closes the pool

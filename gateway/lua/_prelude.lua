@@ -6,6 +6,7 @@
     1 REPLAY / ALREADY CURRENT / LOST (script-specific, see each header)
     2 IN_PROGRESS
     3 UNKNOWN
+    8 DATA LOST: {8}, the durability marker of this slot is missing (fail closed)
     9 REJECTED: {9, reason, presented, current, audit_id, pinned_sha}
   Numbers cross the boundary as decimal strings: Lua numbers are doubles, exact
   up to 2^53, and tostring() would print large ones in exponent form.

@@ -5,7 +5,7 @@
 
   Input:
     KEYS[1] effect hash   fg:{t/j}:fx:<step>
-    ARGV[1] dispatch id returned by admit-4
+    ARGV[1] dispatch id returned by admit-5
     ARGV[2] new state: 'succeeded' | 'failed' | 'unknown' | 'released'
     ARGV[3] result JSON ('' for none)
     ARGV[4] error JSON ('' for none)

