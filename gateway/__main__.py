@@ -52,7 +52,9 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def check_external_durability(url: str, allow_volatile: bool) -> bool:
     """True if the external Redis keeps fences across restarts (or the operator waived it)."""
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
+    client = redis.Redis.from_url(
+        url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True
+    )
     try:
         aof = client.config_get("appendonly").get("appendonly")
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
@@ -72,7 +74,9 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
         problems.append(f"maxmemory-policy is {policy!r} (need 'noeviction')")
     if not problems:
         return True
-    detail = "; ".join(problems) + ": a restart or eviction would lose fences and let zombies through"
+    detail = (
+        "; ".join(problems) + ": a restart or eviction would lose fences and let zombies through"
+    )
     if allow_volatile:
         log.warning("REDIS_NOT_DURABLE", detail=detail, allowed_by="--allow-volatile-redis")
         return True
@@ -93,7 +97,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "configure keys or bind to 127.0.0.1",
             )
             return EXIT_REFUSED
-        log.warning("no_api_keys", detail=f"no API keys configured: serving unauthenticated on {host} only")
+        log.warning(
+            "no_api_keys", detail=f"no API keys configured: serving unauthenticated on {host} only"
+        )
     data_dir = Path(settings.redis.data_dir)
     embedded: EmbeddedRedis | None = None
     try:
@@ -104,12 +110,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             embedded = EmbeddedRedis(data_dir)
             url = embedded.start()
-            log.info("embedded_redis_started", url=url, data_dir=str(embedded.data_dir), pid=embedded.process.pid if embedded.process else None)
+            log.info(
+                "embedded_redis_started",
+                url=url,
+                data_dir=str(embedded.data_dir),
+                pid=embedded.process.pid if embedded.process else None,
+            )
         from gateway.app import create_app
 
         app = create_app(settings, redis_url=url, state_file=data_dir / "fencegate.state")
-        log.info("listening", host=host, port=port, registration=settings.fencing.registration, version=__version__)
-        web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=settings.fencing.dispatch_timeout_seconds)
+        log.info(
+            "listening",
+            host=host,
+            port=port,
+            registration=settings.fencing.registration,
+            version=__version__,
+        )
+        web.run_app(
+            app,
+            host=host,
+            port=port,
+            print=None,
+            access_log=None,
+            shutdown_timeout=settings.fencing.dispatch_timeout_seconds,
+        )
         return EXIT_OK
     except EmbeddedRedisError as exc:
         log.error("embedded_redis_failed", detail=str(exc))
@@ -125,7 +149,13 @@ async def _init(url: str, state_file: Path, confirm: bool) -> str:
 
     client = connect(url, timeout=5, max_connections=2)
     try:
-        store = Store(client, registration="required", dispatch_timeout_ms=1, retention_seconds=60, state_file=state_file)
+        store = Store(
+            client,
+            registration="required",
+            dispatch_timeout_ms=1,
+            retention_seconds=60,
+            state_file=state_file,
+        )
         return await store.initialize(auto=False, confirm_data_loss=confirm)
     finally:
         await client.aclose()
@@ -159,13 +189,17 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.file)
     validate_configs(settings.adapters)
-    print(f"{args.file}: ok ({len(settings.adapters)} adapters, {len(settings.auth.keys)} keys, "
-          f"registration={settings.fencing.registration})")
+    print(
+        f"{args.file}: ok ({len(settings.adapters)} adapters, {len(settings.auth.keys)} keys, "
+        f"registration={settings.fencing.registration})"
+    )
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fencegate", description="A fencing-token gateway for side effects.")
+    parser = argparse.ArgumentParser(
+        prog="fencegate", description="A fencing-token gateway for side effects."
+    )
     parser.add_argument("--version", action="version", version=f"fencegate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -174,13 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--redis-url", help="external Redis; empty: embedded durable redis-server")
-    serve.add_argument("--allow-volatile-redis", action="store_true", help="start even if Redis is not durable")
+    serve.add_argument(
+        "--allow-volatile-redis", action="store_true", help="start even if Redis is not durable"
+    )
     serve.set_defaults(func=cmd_serve)
 
     init = sub.add_parser("init", help="write the durability marker")
     init.add_argument("--config")
     init.add_argument("--redis-url")
-    init.add_argument("--confirm-data-loss", action="store_true", help="accept that fences may have been lost")
+    init.add_argument(
+        "--confirm-data-loss", action="store_true", help="accept that fences may have been lost"
+    )
     init.set_defaults(func=cmd_init)
 
     check = sub.add_parser("check-config", help="validate a config file and exit")

@@ -39,7 +39,9 @@ class Authenticator:
         self._keys: list[tuple[bytes, Principal]] = []
         for i, key in enumerate(keys):
             if key.key_env:
-                digest = hashlib.sha256(secret(key.key_env, f"auth.keys[{i}].key_env").encode()).digest()
+                digest = hashlib.sha256(
+                    secret(key.key_env, f"auth.keys[{i}].key_env").encode()
+                ).digest()
             elif key.sha256:
                 digest = bytes.fromhex(key.sha256)
             else:

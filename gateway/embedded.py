@@ -118,7 +118,8 @@ class EmbeddedRedis:
         except BlockingIOError:
             lock.close()
             raise EmbeddedRedisError(
-                f"another fencegate owns {self.data_dir}; two Redis servers must never share one AOF"
+                f"another fencegate owns {self.data_dir}; "
+                "two Redis servers must never share one AOF"
             ) from None
         self._lock = lock
         self.process = subprocess.Popen(
@@ -127,7 +128,7 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl
+            preexec_fn=_die_with_parent,  # only calls prctl(2): safe before exec
         )
         deadline = time.monotonic() + timeout
         client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)

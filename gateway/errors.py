@@ -222,9 +222,8 @@ def _all_subclasses(cls: type[FencegateError]) -> list[type[FencegateError]]:
     return out
 
 
-_BY_CODE: dict[str, type[FencegateError]] = {
-    c.code: c for c in [FencegateError, *_all_subclasses(FencegateError)] if c is not Rejection
-}
+_CLASSES: list[type[FencegateError]] = [FencegateError, *_all_subclasses(FencegateError)]
+_BY_CODE: dict[str, type[FencegateError]] = {c.code: c for c in _CLASSES if c is not Rejection}
 
 
 def error_for_code(code: str) -> type[FencegateError]:

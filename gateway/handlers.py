@@ -66,7 +66,9 @@ class Route:
 # -- helpers -----------------------------------------------------------------
 
 
-def respond(model: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def respond(
+    model: BaseModel, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     return web.Response(
         body=model.model_dump_json().encode(), status=status, content_type=JSON, headers=headers
     )
@@ -179,7 +181,9 @@ async def heartbeat(request: web.Request) -> web.Response:
     gen = _generation(request)
     worker_id = _worker_id(request)
     _, lease = await request.app[K.STORE].heartbeat(keys, gen, worker_id or "")
-    out = HeartbeatOut(job_id=keys.job_id, generation=gen, current=True, lease_expires_at=iso_ms(lease))
+    out = HeartbeatOut(
+        job_id=keys.job_id, generation=gen, current=True, lease_expires_at=iso_ms(lease)
+    )
     return respond(out)
 
 
@@ -241,7 +245,9 @@ async def get_job(request: web.Request) -> web.Response:
 async def cancel_job(request: web.Request) -> web.Response:
     keys = _job(request, "scheduler")
     fence, already = await request.app[K.STORE].cancel(keys)
-    return respond(CancelOut(job_id=keys.job_id, cancelled=True, fence=fence, already_cancelled=already))
+    return respond(
+        CancelOut(job_id=keys.job_id, cancelled=True, fence=fence, already_cancelled=already)
+    )
 
 
 async def audit_rejections(request: web.Request) -> web.Response:
@@ -285,7 +291,9 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     checks = await request.app[K.STORE].ready()
     ok = all(checks.values())
-    return respond(ReadyOut(status="ready" if ok else "unavailable", checks=checks), 200 if ok else 503)
+    return respond(
+        ReadyOut(status="ready" if ok else "unavailable", checks=checks), 200 if ok else 503
+    )
 
 
 def _loopback(peer: str | None) -> bool:
@@ -300,7 +308,9 @@ def _loopback(peer: str | None) -> bool:
 async def metrics(request: web.Request) -> web.Response:
     if not request.app[K.SETTINGS].server.metrics_public and not _loopback(request.remote):
         raise Forbidden("metrics are served to loopback peers only (server.metrics_public)")
-    return web.Response(body=request.app[K.METRICS].render(), headers={"Content-Type": CONTENT_TYPE})
+    return web.Response(
+        body=request.app[K.METRICS].render(), headers={"Content-Type": CONTENT_TYPE}
+    )
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -386,6 +396,12 @@ ROUTES: tuple[Route, ...] = (
         "Redis reachable, scripts loaded, durability marker present",
         responses={200: ReadyOut, 503: ReadyOut},
     ),
-    Route("GET", "/metrics", metrics, "Prometheus metrics (loopback peers only)", responses={200: None}),
+    Route(
+        "GET",
+        "/metrics",
+        metrics,
+        "Prometheus metrics (loopback peers only)",
+        responses={200: None},
+    ),
     Route("GET", "/openapi.json", openapi, "This OpenAPI 3.1 document", responses={200: None}),
 )

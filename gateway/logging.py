@@ -32,7 +32,9 @@ def redactor(secrets: Iterable[str]) -> structlog.types.Processor:
     return redact
 
 
-def configure_logging(*, json: bool | None = None, level: str = "info", secrets: Iterable[str] = ()) -> None:
+def configure_logging(
+    *, json: bool | None = None, level: str = "info", secrets: Iterable[str] = ()
+) -> None:
     """Configure structlog for the process. ``json=None``: JSON unless stderr is a TTY."""
     as_json = (not sys.stderr.isatty()) if json is None else json
     renderer: structlog.types.Processor = (

@@ -14,7 +14,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.effects = Counter(
             "fencegate_effects",
-            "Effect calls by adapter and outcome (succeeded, failed, released, unknown, replayed …).",
+            "Effect calls by adapter and outcome (succeeded, failed, released, unknown, replayed).",
             ["adapter", "outcome"],
             registry=self.registry,
         )

@@ -55,15 +55,27 @@ def build_openapi() -> dict[str, Any]:
     for route in ROUTES:
         op: dict[str, Any] = {"summary": route.summary, "operationId": route.handler.__name__}
         params: list[dict[str, Any]] = [
-            {"name": n, "in": "path", "required": True, "schema": {"type": "string", "pattern": NAME_PATTERN}}
+            {
+                "name": n,
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "pattern": NAME_PATTERN},
+            }
             for n in re.findall(r"{(\w+)}", route.path)
         ]
         params += [
-            {"name": h, "in": "header", "required": _HEADERS[h][1], "description": _HEADERS[h][0],
-             "schema": {"type": "string"}}
+            {
+                "name": h,
+                "in": "header",
+                "required": _HEADERS[h][1],
+                "description": _HEADERS[h][0],
+                "schema": {"type": "string"},
+            }
             for h in route.headers
         ]
-        params += [{"name": q, "in": "query", "required": False, "schema": _QUERY[q]} for q in route.query]
+        params += [
+            {"name": q, "in": "query", "required": False, "schema": _QUERY[q]} for q in route.query
+        ]
         if params:
             op["parameters"] = params
         if route.roles:
@@ -72,7 +84,9 @@ def build_openapi() -> dict[str, Any]:
         if route.body:
             op["requestBody"] = {
                 "required": route.body.__name__ != "RegisterBody",
-                "content": {"application/json": {"schema": {"$ref": _REF.format(model=route.body.__name__)}}},
+                "content": {
+                    "application/json": {"schema": {"$ref": _REF.format(model=route.body.__name__)}}
+                },
             }
         responses: dict[str, Any] = {}
         for status, model in route.responses.items():
@@ -81,11 +95,16 @@ def build_openapi() -> dict[str, Any]:
                 if model
                 else {"text/plain": {"schema": {"type": "string"}}}
             )
-            responses[str(status)] = {"description": _STATUS_TEXT.get(status, "OK"), "content": content}
+            responses[str(status)] = {
+                "description": _STATUS_TEXT.get(status, "OK"),
+                "content": content,
+            }
         for status in route.problems:
             responses[str(status)] = {
                 "description": _STATUS_TEXT[status],
-                "content": {"application/problem+json": {"schema": {"$ref": _REF.format(model="Problem")}}},
+                "content": {
+                    "application/problem+json": {"schema": {"$ref": _REF.format(model="Problem")}}
+                },
             }
         op["responses"] = responses
         paths.setdefault(route.path, {})[route.method.lower()] = op

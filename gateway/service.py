@@ -293,11 +293,10 @@ class EffectService:
             state=state,
         )
 
-    async def drain(self, timeout: float) -> int:
+    async def drain(self, within: float) -> int:
         """Wait for in-flight dispatches to record their outcomes; return how many remain."""
         pending = set(self._inflight)
         if pending:
-            _, still = await asyncio.wait(pending, timeout=timeout)
+            _, still = await asyncio.wait(pending, timeout=within)
             return len(still)
         return 0
-

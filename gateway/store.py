@@ -226,7 +226,6 @@ class Store:
         self._retention_ms = retention_seconds * 1000
         self._state_file = state_file
         self._scripts = {name: client.register_script(_lua_source(name)) for name in SCRIPT_NAMES}
-        self._scripts_loaded = False
 
     @property
     def client(self) -> aioredis.Redis:
@@ -255,7 +254,6 @@ class Store:
                     raise RuntimeError("script SHA mismatch")
 
         await self._guard(load)
-        self._scripts_loaded = True
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[str]) -> list[Any]:
         """One script, one round trip (EVALSHA; redis-py reloads it on NOSCRIPT)."""
@@ -314,12 +312,12 @@ class Store:
         try:
             await self._guard(self._client.ping)
             checks["redis"] = True
-            if not self._scripts_loaded:
-                await self.load_scripts()
             exists = await self._guard(
                 lambda: self._client.script_exists(*(s.sha for s in self._scripts.values()))
             )
-            checks["scripts"] = all(exists)
+            if not all(exists):  # cache flushed or Redis restarted: load them again
+                await self.load_scripts()
+            checks["scripts"] = True
             checks["marker"] = bool(await self._guard(lambda: self._client.exists(MARKER)))
         except (StoreUnavailable, RedisError):
             pass
@@ -343,7 +341,7 @@ class Store:
         the audit log can be listed across jobs without touching many slots.
         """
         _, reason, presented, current, audit_id, pinned = reply
-        entry = {
+        entry: dict[Any, Any] = {
             "at": str(audit_id).split("-")[0],
             "tenant": keys.tenant,
             "job_id": keys.job_id,
@@ -357,7 +355,9 @@ class Store:
         }
         min_id = f"{int(time.time() * 1000) - self._retention_ms}-0"
         await self._guard(
-            lambda: self._client.xadd(audit_feed(keys.tenant), entry, minid=min_id, approximate=True)
+            lambda: self._client.xadd(
+                audit_feed(keys.tenant), entry, minid=min_id, approximate=True
+            )
         )
         fields: dict[str, Any] = {
             "presented": int(presented) if presented else None,
@@ -388,11 +388,20 @@ class Store:
         lease = int(reply[2])
         return Registration(int(reply[1]), lease or None, created=int(reply[0]) == 0)
 
-    async def heartbeat(self, keys: JobKeys, generation: int, worker_id: str) -> tuple[int, int | None]:
+    async def heartbeat(
+        self, keys: JobKeys, generation: int, worker_id: str
+    ) -> tuple[int, int | None]:
         reply = await self._run(
             "heartbeat-3",
             (keys.job, keys.audit, keys.marker),
-            (str(generation), self._registration, keys.job_id, worker_id, keys.tenant, self._retention),
+            (
+                str(generation),
+                self._registration,
+                keys.job_id,
+                worker_id,
+                keys.tenant,
+                self._retention,
+            ),
         )
         if int(reply[0]) == 9:
             raise await self._rejected(keys, reply, worker_id=worker_id)
@@ -473,11 +482,12 @@ class Store:
     # -- views ---------------------------------------------------------------
 
     async def effect(self, keys: JobKeys, step: str) -> EffectRecord | None:
-        h = await self._guard(lambda: self._client.hgetall(keys.effect(step)))
+        h: dict[str, str] = await self._guard(lambda: self._client.hgetall(keys.effect(step)))  # type: ignore[arg-type,return-value]
         return EffectRecord.from_hash(h) if h else None
 
     async def job(self, keys: JobKeys) -> JobView | None:
         async def read() -> tuple[dict[str, str], dict[str, EffectRecord]]:
+            # decode_responses=True: every key and value is a str
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.hgetall(keys.job)
                 pipe.smembers(keys.steps)
@@ -489,7 +499,9 @@ class Store:
                     for step in ordered:
                         pipe.hgetall(keys.effect(step))
                     hashes = await pipe.execute()
-                effects = {s: EffectRecord.from_hash(h) for s, h in zip(ordered, hashes, strict=True) if h}
+                effects = {
+                    s: EffectRecord.from_hash(h) for s, h in zip(ordered, hashes, strict=True) if h
+                }
             return job, effects
 
         job, effects = await self._guard(read)
@@ -512,10 +524,8 @@ class Store:
         end = f"({cursor}" if cursor else "+"
 
         async def read() -> list[tuple[str, dict[str, str]]]:
-            rows: list[tuple[str, dict[str, str]]] = await self._client.xrevrange(
-                key, max=end, min="-", count=limit + 1
-            )
-            return rows
+            rows = await self._client.xrevrange(key, max=end, min="-", count=limit + 1)
+            return rows  # type: ignore[return-value]  # decode_responses=True: str
 
         rows = await self._guard(read)
         entries = [AuditEntry.from_fields(i, f) for i, f in rows[:limit]]

@@ -1,6 +1,6 @@
 """Pure: parse fencing tokens presented in the ``Fencing-Token`` header.
 
-Unsigned mode: the decimal generation, ``1 ≤ g ≤ 2**53 − 1``, no sign, no
+Unsigned mode: the decimal generation, ``1 <= g <= 2**53 - 1``, no sign, no
 leading zeros, no spaces. Anything else is :class:`~gateway.errors.InvalidRequest`.
 """
 

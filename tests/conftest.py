@@ -75,10 +75,12 @@ class Upstream:
     behaviour: Any = "ok"
     delay: float = 0.0
     gate: asyncio.Event | None = None
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.received.append(Received(request.path, dict(request.headers), body))
+        self.arrived.set()
         if self.gate is not None:
             await self.gate.wait()
         if self.delay:
@@ -121,7 +123,9 @@ class Gateway:
     settings: Settings
 
     async def register(self, job: str, **body: Any) -> Any:
-        resp = await self.client.post(f"/v1/jobs/{job}/generations", json=body, headers=self.headers)
+        resp = await self.client.post(
+            f"/v1/jobs/{job}/generations", json=body, headers=self.headers
+        )
         return resp
 
     async def effect(
@@ -140,11 +144,17 @@ class Gateway:
         if worker_id:
             h["Worker-Id"] = worker_id
         h.update(headers or {})
-        body = {"adapter": adapter, "operation": operation, "payload": payload if payload is not None else {"to": "a@example.com"}}
+        body = {
+            "adapter": adapter,
+            "operation": operation,
+            "payload": payload if payload is not None else {"to": "a@example.com"},
+        }
         return await self.client.post(f"/v1/jobs/{job}/effects/{step}", json=body, headers=h)
 
     async def heartbeat(self, job: str, token: Any) -> Any:
-        return await self.client.post(f"/v1/jobs/{job}/fence", headers={**self.headers, "Fencing-Token": str(token)})
+        return await self.client.post(
+            f"/v1/jobs/{job}/fence", headers={**self.headers, "Fencing-Token": str(token)}
+        )
 
     async def audit(self, **query: Any) -> Any:
         resp = await self.client.get("/v1/audit/rejections", params=query, headers=self.headers)
@@ -154,14 +164,24 @@ class Gateway:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def gateway_settings(redis_url: str, upstream_url: str, tmp_path: Path, **sections: Any) -> Settings:
+def gateway_settings(
+    redis_url: str, upstream_url: str, tmp_path: Path, **sections: Any
+) -> Settings:
     adapters = {
         "hook": {"type": "webhook", "url": upstream_url, "timeout_seconds": 2},
         # nothing listens there: connection refused, known not delivered
-        "dead": {"type": "webhook", "url": f"http://127.0.0.1:{free_port()}/hook", "timeout_seconds": 1},
+        "dead": {
+            "type": "webhook",
+            "url": f"http://127.0.0.1:{free_port()}/hook",
+            "timeout_seconds": 1,
+        },
     }
     adapters.update(sections.pop("adapters", {}))
-    redis_section = {"url": redis_url, "data_dir": str(tmp_path / "state"), **sections.pop("redis", {})}
+    redis_section = {
+        "url": redis_url,
+        "data_dir": str(tmp_path / "state"),
+        **sections.pop("redis", {}),
+    }
     return load_settings(None, redis=redis_section, adapters=adapters, **sections)
 
 
@@ -171,7 +191,11 @@ async def make_gateway(redis_url: str, upstream: Upstream, tmp_path: Path) -> As
 
     async def make(headers: dict[str, str] | None = None, **sections: Any) -> Gateway:
         settings = gateway_settings(redis_url, upstream.url, tmp_path, **sections)
-        app = create_app(settings, redis_url=settings.redis.url, state_file=tmp_path / "state" / "fencegate.state")
+        app = create_app(
+            settings,
+            redis_url=settings.redis.url,
+            state_file=tmp_path / "state" / "fencegate.state",
+        )
         client = TestClient(TestServer(app, host="127.0.0.1", port=0))
         await client.start_server()
         clients.append(client)

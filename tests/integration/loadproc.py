@@ -18,7 +18,9 @@ async def _fire(url: str, n: int, token: str, payload: dict[str, Any]) -> list[t
                 headers={"Fencing-Token": token},
             ) as r:
                 body = await r.json(content_type=None)
-                return r.status, body.get("code") or ("replayed" if body.get("replayed") else "sent")
+                return r.status, body.get("code") or (
+                    "replayed" if body.get("replayed") else "sent"
+                )
 
         return await asyncio.gather(*(one() for _ in range(n)))
 

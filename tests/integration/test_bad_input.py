@@ -36,7 +36,9 @@ async def primed(gw: Gateway, upstream: Upstream, redis_sync: Any) -> Gateway:
     return gw
 
 
-async def assert_untouched(gw: Gateway, upstream: Upstream, redis_sync: Any, call: Any, status: int, code: str) -> None:
+async def assert_untouched(
+    gw: Gateway, upstream: Upstream, redis_sync: Any, call: Any, status: int, code: str
+) -> None:
     before = snapshot(redis_sync)
     resp = await call
     body = await resp.json(content_type=None)
@@ -52,7 +54,22 @@ EFFECT = {"adapter": "hook", "operation": "send", "payload": {"to": "x"}}
 
 @pytest.mark.parametrize(
     "token",
-    ["abc", "0", "-1", "1.5", str(MAX_SAFE + 1), "", "1 2", "01", "+1", "1e3", "0x10", "１", "1_0", "99999999999999999999"],
+    [
+        "abc",
+        "0",
+        "-1",
+        "1.5",
+        str(MAX_SAFE + 1),
+        "",
+        "1 2",
+        "01",
+        "+1",
+        "1e3",
+        "0x10",
+        "\uff11",  # FULLWIDTH DIGIT ONE: int() would accept it, the gateway must not
+        "1_0",
+        "99999999999999999999",
+    ],
 )
 async def test_bad_tokens(primed: Gateway, upstream: Upstream, redis_sync: Any, token: str) -> None:
     call = primed.client.post("/v1/jobs/r/effects/s", json=EFFECT, headers={"Fencing-Token": token})
@@ -60,8 +77,17 @@ async def test_bad_tokens(primed: Gateway, upstream: Upstream, redis_sync: Any, 
 
 
 async def test_missing_token(primed: Gateway, upstream: Upstream, redis_sync: Any) -> None:
-    await assert_untouched(primed, upstream, redis_sync, primed.client.post("/v1/jobs/r/effects/s", json=EFFECT), 400, "invalid_request")
-    await assert_untouched(primed, upstream, redis_sync, primed.client.post("/v1/jobs/r/fence"), 400, "invalid_request")
+    await assert_untouched(
+        primed,
+        upstream,
+        redis_sync,
+        primed.client.post("/v1/jobs/r/effects/s", json=EFFECT),
+        400,
+        "invalid_request",
+    )
+    await assert_untouched(
+        primed, upstream, redis_sync, primed.client.post("/v1/jobs/r/fence"), 400, "invalid_request"
+    )
 
 
 @pytest.mark.parametrize(
@@ -106,14 +132,20 @@ async def test_id_of_exactly_128_chars_is_fine(gw: Gateway) -> None:
         b"[" * 100_000 + b"]" * 100_000,
     ],
 )
-async def test_bad_effect_bodies(primed: Gateway, upstream: Upstream, redis_sync: Any, body: bytes) -> None:
+async def test_bad_effect_bodies(
+    primed: Gateway, upstream: Upstream, redis_sync: Any, body: bytes
+) -> None:
     call = primed.client.post(
-        "/v1/jobs/r/effects/s", data=body, headers={"Fencing-Token": "1", "Content-Type": "application/json"}
+        "/v1/jobs/r/effects/s",
+        data=body,
+        headers={"Fencing-Token": "1", "Content-Type": "application/json"},
     )
     await assert_untouched(primed, upstream, redis_sync, call, 400, "invalid_request")
 
 
-async def test_unknown_adapter_changes_nothing(primed: Gateway, upstream: Upstream, redis_sync: Any) -> None:
+async def test_unknown_adapter_changes_nothing(
+    primed: Gateway, upstream: Upstream, redis_sync: Any
+) -> None:
     call = primed.effect("r", "s", 1, adapter="nope")
     await assert_untouched(primed, upstream, redis_sync, call, 422, "unknown_adapter")
 
@@ -143,7 +175,9 @@ async def test_body_over_limit(make_gateway: Any, upstream: Upstream, redis_sync
         {"gen": 5},
     ],
 )
-async def test_bad_registrations(primed: Gateway, upstream: Upstream, redis_sync: Any, body: Any) -> None:
+async def test_bad_registrations(
+    primed: Gateway, upstream: Upstream, redis_sync: Any, body: Any
+) -> None:
     call = primed.client.post("/v1/jobs/r/generations", json=body)
     await assert_untouched(primed, upstream, redis_sync, call, 400, "invalid_request")
 
@@ -155,8 +189,12 @@ async def test_max_generation_is_accepted(gw: Gateway) -> None:
     assert (await (await gw.client.get("/v1/jobs/r")).json())["fence"] == MAX_SAFE
 
 
-@pytest.mark.parametrize("query", [{"limit": "0"}, {"limit": "1001"}, {"limit": "x"}, {"cursor": "nope"}, {"job": "a:b"}])
-async def test_bad_audit_queries(primed: Gateway, upstream: Upstream, redis_sync: Any, query: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "query", [{"limit": "0"}, {"limit": "1001"}, {"limit": "x"}, {"cursor": "nope"}, {"job": "a:b"}]
+)
+async def test_bad_audit_queries(
+    primed: Gateway, upstream: Upstream, redis_sync: Any, query: dict[str, str]
+) -> None:
     call = primed.client.get("/v1/audit/rejections", params=query)
     await assert_untouched(primed, upstream, redis_sync, call, 400, "invalid_request")
 
@@ -170,4 +208,6 @@ async def test_unknown_route_and_method_are_problems(gw: Gateway) -> None:
     resp = await gw.client.get("/v1/nope")
     assert resp.status == 404 and (await resp.json(content_type=None))["code"] == "not_found"
     resp = await gw.client.delete("/v1/jobs/r")
-    assert resp.status == 405 and (await resp.json(content_type=None))["code"] == "method_not_allowed"
+    assert (
+        resp.status == 405 and (await resp.json(content_type=None))["code"] == "method_not_allowed"
+    )

@@ -8,20 +8,23 @@ import random
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
 
 from tests.conftest import Gateway, Upstream
 from tests.integration import loadproc
 
 
-async def test_fifty_simultaneous_calls_one_step_one_dispatch(gw: Gateway, upstream: Upstream) -> None:
+async def test_fifty_simultaneous_calls_one_step_one_dispatch(
+    gw: Gateway, upstream: Upstream
+) -> None:
     await gw.register("r", generation=1)
     upstream.delay = 0.2  # keep the first dispatch in flight while the rest arrive
     responses = await asyncio.gather(*(gw.effect("r", "notify", 1) for _ in range(50)))
     outcomes = Counter()
     for resp in responses:
         body = await resp.json(content_type=None)
-        outcomes[(resp.status, body.get("code") or ("replayed" if body["replayed"] else "sent"))] += 1
+        outcomes[
+            (resp.status, body.get("code") or ("replayed" if body["replayed"] else "sent"))
+        ] += 1
     assert len(upstream.received) == 1
     assert outcomes[(200, "sent")] == 1
     assert set(outcomes) <= {(200, "sent"), (200, "replayed"), (409, "effect_in_progress")}
@@ -35,7 +38,10 @@ async def test_calls_from_many_processes_one_dispatch(gw: Gateway, upstream: Ups
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
         batches = await asyncio.gather(
-            *(loop.run_in_executor(pool, loadproc.fire, url, 15, "1", {"to": "a"}) for _ in range(4))
+            *(
+                loop.run_in_executor(pool, loadproc.fire, url, 15, "1", {"to": "a"})
+                for _ in range(4)
+            )
         )
     outcomes = Counter(o for batch in batches for o in batch)
     assert sum(outcomes.values()) == 60
@@ -77,6 +83,7 @@ async def test_racing_registrations_fence_only_rises_and_no_stale_dispatch(
             await asyncio.sleep(0.002)
 
     watcher = asyncio.create_task(watch())
+
     async def zombie_or_not(i: int) -> None:
         await asyncio.sleep(rng.random() * 0.05)
         await effect(f"s{i}", rng.randint(1, 50))
@@ -99,6 +106,8 @@ async def test_racing_registrations_fence_only_rises_and_no_stale_dispatch(
         call_gen, call_at = invoked[step]
         assert call_gen == g
         newer_acked_before = [h for h, at in acked.items() if h > g and at < call_at]
-        assert not newer_acked_before, f"{step}: gen {g} dispatched after {newer_acked_before} registered"
+        assert not newer_acked_before, (
+            f"{step}: gen {g} dispatched after {newer_acked_before} registered"
+        )
     assert all(n == 1 for n in steps_sent.values())
     assert ("/hook", 50) in dispatched, "the owner of the last generation must get through"

@@ -60,7 +60,9 @@ async def test_replay_returns_recorded_result_and_header(gw: Gateway, upstream: 
     assert len(upstream.received) == 1
 
 
-async def test_takeover_replays_effect_of_previous_generation(gw: Gateway, upstream: Upstream) -> None:
+async def test_takeover_replays_effect_of_previous_generation(
+    gw: Gateway, upstream: Upstream
+) -> None:
     """The key is <job>:<step> for every generation: g+1 gets g's outcome, no second send."""
     await gw.register("r", generation=1)
     assert (await gw.effect("r", "notify", 1)).status == 200
@@ -74,7 +76,9 @@ async def test_unregistered_generation(gw: Gateway, upstream: Upstream) -> None:
     await gw.register("r", generation=1)
     body = await problem(await gw.effect("r", "notify", 2), 409, "unregistered_generation")
     assert (body["presented"], body["current"]) == (2, 1)
-    body = await problem(await gw.effect("never-registered", "s", 1), 409, "unregistered_generation")
+    body = await problem(
+        await gw.effect("never-registered", "s", 1), 409, "unregistered_generation"
+    )
     assert body["current"] == 0
     assert upstream.received == []
     assert [e["reason"] for e in await gw.audit()] == ["unregistered_generation"] * 2
@@ -136,9 +140,15 @@ async def test_generation_regression_and_idempotent_registration(gw: Gateway) ->
 async def test_intent_mismatch(gw: Gateway, upstream: Upstream) -> None:
     await gw.register("r", generation=1)
     assert (await gw.effect("r", "charge", 1, payload={"amount": 100})).status == 200
-    body = await problem(await gw.effect("r", "charge", 1, payload={"amount": 999}), 422, "intent_mismatch")
+    body = await problem(
+        await gw.effect("r", "charge", 1, payload={"amount": 999}), 422, "intent_mismatch"
+    )
     assert len(body["pinned_intent_sha256"]) == 64
-    await problem(await gw.effect("r", "charge", 1, operation="other", payload={"amount": 100}), 422, "intent_mismatch")
+    await problem(
+        await gw.effect("r", "charge", 1, operation="other", payload={"amount": 100}),
+        422,
+        "intent_mismatch",
+    )
     assert len(upstream.received) == 1
     assert [e["reason"] for e in await gw.audit()] == ["intent_mismatch"] * 2
 
@@ -147,8 +157,7 @@ async def test_effect_in_progress(gw: Gateway, upstream: Upstream) -> None:
     await gw.register("r", generation=1)
     upstream.gate = asyncio.Event()
     first = asyncio.create_task(gw.effect("r", "notify", 1))
-    while not upstream.received:
-        await asyncio.sleep(0.005)
+    await upstream.arrived.wait()
     second = await gw.effect("r", "notify", 1)
     body = await problem(second, 409, "effect_in_progress")
     assert int(second.headers["Retry-After"]) >= 1
@@ -199,7 +208,9 @@ async def test_503_from_upstream_is_not_delivered(gw: Gateway, upstream: Upstrea
 
 
 @pytest.mark.parametrize("behaviour", ["hang", "drop", 500])
-async def test_outcome_unknown_is_never_resent(gw: Gateway, upstream: Upstream, behaviour: Any) -> None:
+async def test_outcome_unknown_is_never_resent(
+    gw: Gateway, upstream: Upstream, behaviour: Any
+) -> None:
     await gw.register("r", generation=1)
     upstream.behaviour = behaviour
     body = await problem(await gw.effect("r", "notify", 1), 504, "outcome_unknown")
@@ -213,9 +224,18 @@ async def test_outcome_unknown_is_never_resent(gw: Gateway, upstream: Upstream, 
     assert view["state"] == "unknown"
 
 
-async def test_unknown_outcome_resent_when_downstream_dedupes(make_gateway: Any, upstream: Upstream) -> None:
+async def test_unknown_outcome_resent_when_downstream_dedupes(
+    make_gateway: Any, upstream: Upstream
+) -> None:
     gw: Gateway = await make_gateway(
-        adapters={"hook": {"type": "webhook", "url": upstream.url, "timeout_seconds": 1, "dedupes_by_key": True}}
+        adapters={
+            "hook": {
+                "type": "webhook",
+                "url": upstream.url,
+                "timeout_seconds": 1,
+                "dedupes_by_key": True,
+            }
+        }
     )
     await gw.register("r", generation=1)
     upstream.behaviour = 500
@@ -227,13 +247,14 @@ async def test_unknown_outcome_resent_when_downstream_dedupes(make_gateway: Any,
     assert keys == {"r:notify"} and len(upstream.received) == 2
 
 
-async def test_dispatch_started_before_takeover_is_recorded(gw: Gateway, upstream: Upstream) -> None:
+async def test_dispatch_started_before_takeover_is_recorded(
+    gw: Gateway, upstream: Upstream
+) -> None:
     """g dispatches, g+1 registers meanwhile: the effect happened and g+1 replays it."""
     await gw.register("r", generation=1)
     upstream.gate = asyncio.Event()
     inflight = asyncio.create_task(gw.effect("r", "notify", 1))
-    while not upstream.received:
-        await asyncio.sleep(0.005)
+    await upstream.arrived.wait()
     assert (await gw.register("r", generation=2)).status == 201
     upstream.gate.set()
     assert (await inflight).status == 200
@@ -264,7 +285,9 @@ async def test_audit_pagination_newest_first(gw: Gateway) -> None:
     page1 = await (await gw.client.get("/v1/audit/rejections", params={"limit": "4"})).json()
     assert len(page1["items"]) == 4 and page1["next_cursor"]
     page2 = await (
-        await gw.client.get("/v1/audit/rejections", params={"limit": "4", "cursor": page1["next_cursor"]})
+        await gw.client.get(
+            "/v1/audit/rejections", params={"limit": "4", "cursor": page1["next_cursor"]}
+        )
     ).json()
     assert len(page2["items"]) == 2 and page2["next_cursor"] is None
     steps = [e["step"] for e in page1["items"] + page2["items"]]

@@ -1,0 +1,328 @@
+"""`fencegate serve` as a real process: embedded durable Redis, restarts, no orphans, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.embedded import EmbeddedRedis, free_port
+
+
+def write_config(tmp: Path, extra: str = "") -> Path:
+    cfg = tmp / "fencegate.toml"
+    cfg.write_text(
+        f"""
+[redis]
+data_dir = "{tmp / "data"}"
+[adapters.hook]
+type = "webhook"
+url = "http://127.0.0.1:{free_port()}/hook"
+{extra}
+"""
+    )
+    return cfg
+
+
+class Serve:
+    def __init__(self, tmp: Path, cfg: Path, *args: str) -> None:
+        self.port = free_port()
+        self.log = (tmp / f"serve-{self.port}.log").open("w+")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--config",
+                str(cfg),
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
+        )
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.output()
+            try:
+                with urllib.request.urlopen(self.url("/readyz"), timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.05)
+        raise AssertionError("gateway not ready: " + self.output())
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def redis_pid(self) -> int:
+        for line in self.output().splitlines():
+            if "embedded_redis_started" in line:
+                return int(json.loads(line)["pid"])
+        raise AssertionError("no embedded_redis_started line: " + self.output())
+
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.url(path), data=data, method=method, headers=headers or {}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie entry (not yet reaped by init) counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_dead(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def serves() -> Iterator[list[Serve]]:
+    started: list[Serve] = []
+    yield started
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+        s.log.close()
+
+
+def test_fence_survives_gateway_restart_and_redis_stops_with_it(
+    tmp_path: Path, serves: list[Serve]
+) -> None:
+    cfg = write_config(tmp_path)
+    first = Serve(tmp_path, cfg)
+    serves.append(first)
+    first.wait_ready()
+    assert first.call("POST", "/v1/jobs/r/generations", {"generation": 3})[0] == 201
+    redis_pid = first.redis_pid()
+    assert alive(redis_pid)
+    assert first.stop(signal.SIGTERM) == 0
+    assert wait_dead(redis_pid), "embedded redis-server outlived the gateway"
+
+    second = Serve(tmp_path, cfg)
+    serves.append(second)
+    second.wait_ready()
+    status, job = second.call("GET", "/v1/jobs/r")
+    assert status == 200 and job["fence"] == 3
+    status, body = second.call(
+        "POST",
+        "/v1/jobs/r/effects/s",
+        {"adapter": "hook", "operation": "x", "payload": {}},
+        {"Fencing-Token": "2", "Content-Type": "application/json"},
+    )
+    assert (status, body["code"], body["current"]) == (409, "stale_generation", 3)
+    redis_pid = second.redis_pid()
+    assert second.stop(signal.SIGINT) == 0
+    assert wait_dead(redis_pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_sigkilled_gateway_leaves_no_orphan_redis(tmp_path: Path, serves: list[Serve]) -> None:
+    s = Serve(tmp_path, write_config(tmp_path))
+    serves.append(s)
+    s.wait_ready()
+    redis_pid = s.redis_pid()
+    s.stop(signal.SIGKILL)
+    assert wait_dead(redis_pid), "redis-server survived a SIGKILLed gateway"
+
+
+def test_second_gateway_on_same_data_dir_is_refused(tmp_path: Path, serves: list[Serve]) -> None:
+    cfg = write_config(tmp_path)
+    first = Serve(tmp_path, cfg)
+    serves.append(first)
+    first.wait_ready()
+    second = Serve(tmp_path, cfg)
+    serves.append(second)
+    assert second.proc.wait(20) == 1
+    assert "two Redis servers must never share one AOF" in second.output()
+
+
+def test_refuses_public_bind_without_keys(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--config",
+            str(write_config(tmp_path)),
+            "--host",
+            "0.0.0.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 3
+    assert "not a loopback address" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ("[server]\nportt = 1", "server.portt"),
+        ("[server]\nport = 'abc'", "server.port"),
+        ("[fencing]\nregistration = 'sometimes'", "fencing.registration"),
+        ("[adapters.x]\ntype = 'webhook'\nurl = 'not a url'", "adapters.x.url"),
+        ("[adapters.y]\ntype = 'carrier-pigeon'", "carrier-pigeon"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path: Path, extra: str, needle: str) -> None:
+    cfg = write_config(tmp_path, extra)
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2, out
+    assert needle in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2 and needle in out.stderr
+
+
+def test_env_overrides_file(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "FENCEGATE_FENCING__REGISTRATION": "implicit",
+        "FENCEGATE_SERVER__PORTT": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(write_config(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    # an unknown key from the environment is an error too
+    assert out.returncode == 2 and "portt" in out.stderr
+    env.pop("FENCEGATE_SERVER__PORTT")
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(write_config(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert out.returncode == 0 and "registration=implicit" in out.stdout
+
+
+def test_external_redis_must_be_durable(tmp_path: Path, serves: list[Serve]) -> None:
+    volatile = EmbeddedRedis(tmp_path / "volatile", use_socket=False)
+    volatile.start()
+    try:
+        import redis
+
+        c = redis.Redis.from_url(volatile.url)
+        c.config_set("appendonly", "no")
+        c.config_set("maxmemory-policy", "allkeys-lru")
+        c.close()
+        cfg = write_config(tmp_path)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--config",
+                str(cfg),
+                "--redis-url",
+                volatile.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=tmp_path,
+        )
+        assert out.returncode == 3
+        assert "appendonly" in out.stderr and "maxmemory-policy" in out.stderr
+        s = Serve(tmp_path, cfg, "--redis-url", volatile.url, "--allow-volatile-redis")
+        serves.append(s)
+        s.wait_ready()
+        assert "REDIS_NOT_DURABLE" in s.output()
+        assert s.stop() == 0
+    finally:
+        volatile.stop()
+
+
+def test_init_command(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "init", "--config", str(cfg), *a],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+
+    first = run()
+    assert first.returncode == 0 and "initialised" in first.stdout
+    assert run().stdout.startswith("already initialised")
+    # wipe the embedded Redis's data: the state file remembers it was initialised
+    for f in (tmp_path / "data").glob("appendonly*"):
+        if f.is_dir():
+            import shutil
+
+            shutil.rmtree(f)
+        else:
+            f.unlink()
+    refused = run()
+    assert refused.returncode == 3 and "--confirm-data-loss" in refused.stdout
+    assert run("--confirm-data-loss").returncode == 0

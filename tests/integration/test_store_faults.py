@@ -1,0 +1,145 @@
+"""Redis faults: unreachable, script cache lost, restarted, wiped. Nothing is ever dispatched
+on a store the gateway cannot trust (I7), and calls recover when Redis does."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import create_app
+from gateway.embedded import EmbeddedRedis, free_port
+from gateway.store import Store, connect
+from tests.conftest import Gateway, Upstream, gateway_settings
+
+
+async def problem_code(resp: Any) -> tuple[int, str]:
+    body = await resp.json(content_type=None)
+    return resp.status, body.get("code", "")
+
+
+async def test_redis_unreachable_fails_closed(make_gateway: Any, upstream: Upstream) -> None:
+    gw: Gateway = await make_gateway(
+        redis={"url": f"redis://127.0.0.1:{free_port()}/0", "timeout_seconds": 0.5}
+    )
+    assert await problem_code(await gw.effect("r", "s", 1)) == (503, "store_unavailable")
+    assert await problem_code(await gw.register("r", generation=1)) == (503, "store_unavailable")
+    assert await problem_code(await gw.heartbeat("r", 1)) == (503, "store_unavailable")
+    ready = await gw.client.get("/readyz")
+    assert ready.status == 503 and (await ready.json())["checks"]["redis"] is False
+    assert (await gw.client.get("/healthz")).status == 200
+    assert upstream.received == []
+
+
+async def test_script_flush_does_not_break_calls(
+    gw: Gateway, upstream: Upstream, redis_sync: Any
+) -> None:
+    await gw.register("r", generation=1)
+    redis_sync.script_flush()
+    assert (await gw.effect("r", "a", 1)).status == 200
+    redis_sync.script_flush()
+    assert (await gw.effect("r", "a", 1)).status == 200  # replay
+    redis_sync.script_flush()
+    assert (await gw.register("r", generation=2)).status == 201
+    assert len(upstream.received) == 1
+    assert (await gw.client.get("/readyz")).status == 200
+
+
+async def test_wiped_redis_fails_closed_until_confirmed_init(
+    gw: Gateway, upstream: Upstream, redis_sync: Any, tmp_path: Path
+) -> None:
+    await gw.register("r", generation=5)
+    assert (await gw.effect("r", "a", 5)).status == 200
+    redis_sync.flushall()  # scripts stay cached: only the markers can tell
+    # a zombie (implicit mode would admit it) and a replay that would duplicate
+    assert await problem_code(await gw.effect("r", "a", 5)) == (503, "store_unavailable")
+    assert await problem_code(await gw.register("r", generation=1)) == (503, "store_unavailable")
+    assert await problem_code(await gw.heartbeat("r", 5)) == (503, "store_unavailable")
+    ready = await gw.client.get("/readyz")
+    assert ready.status == 503 and (await ready.json())["checks"]["marker"] is False
+    assert len(upstream.received) == 1
+    assert redis_sync.dbsize() == 0, "a refused call must write nothing"
+
+    client = connect(gw.settings.redis.url, timeout=2, max_connections=2)
+    store = Store(
+        client,
+        registration="required",
+        dispatch_timeout_ms=1000,
+        retention_seconds=60,
+        state_file=tmp_path / "state" / "fencegate.state",
+    )
+    assert await store.initialize(auto=True) == "refused"
+    assert await store.initialize(auto=False) == "refused"
+    assert await store.initialize(auto=False, confirm_data_loss=True) == "written"
+    await client.aclose()
+    assert (await gw.client.get("/readyz")).status == 200
+    assert (await gw.register("r", generation=6)).status == 201
+
+
+async def test_partial_loss_of_one_slot_fails_closed_for_that_job_only(
+    gw: Gateway, redis_sync: Any
+) -> None:
+    from gateway.keys import JobKeys
+
+    await gw.register("a", generation=1)
+    await gw.register("b", generation=1)
+    redis_sync.delete(JobKeys("default", "a").marker)
+    assert await problem_code(await gw.effect("a", "s", 1)) == (503, "store_unavailable")
+    assert (await gw.effect("b", "s", 1)).status == 200
+
+
+@pytest.fixture
+async def own_redis(tmp_path: Path) -> AsyncIterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path / "own-redis", use_socket=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_redis_restart_keeps_fences_and_calls_recover(
+    own_redis: EmbeddedRedis, upstream: Upstream, tmp_path: Path
+) -> None:
+    settings = gateway_settings(own_redis.url, upstream.url, tmp_path, redis={"timeout_seconds": 1})
+    app = create_app(
+        settings, redis_url=own_redis.url, state_file=tmp_path / "state" / "fencegate.state"
+    )
+    async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as client:
+        gw = Gateway(client=client, app=app, settings=settings)
+        await gw.register("r", generation=7)
+        assert (await gw.effect("r", "a", 7)).status == 200
+        # kill -9: only the AOF (appendfsync always) carries the data across
+        assert own_redis.process is not None
+        os.kill(own_redis.process.pid, signal.SIGKILL)
+        own_redis.process.wait()
+        assert await problem_code(await gw.effect("r", "b", 7)) == (503, "store_unavailable")
+        own_redis.stop()
+        own_redis.start()
+        # first call after the restart: reconnect, NOSCRIPT, reload — all inside one request
+        stale = await gw.effect("r", "b", 6)
+        assert await problem_code(stale) == (409, "stale_generation")
+        replay = await gw.effect("r", "a", 7)
+        assert replay.status == 200 and (await replay.json())["replayed"] is True
+        assert (await gw.effect("r", "b", 7)).status == 200
+        assert len(upstream.received) == 2
+
+
+def test_fence_survives_restart_on_disk(tmp_path: Path) -> None:
+    """The fence key has no TTL and is in the AOF after a clean shutdown and restart."""
+    data = tmp_path / "d"
+    with EmbeddedRedis(data) as server:
+        c = redis.Redis.from_url(server.url, decode_responses=True)
+        c.hset("fg:{default/r}:job", "fence", "9")
+        assert c.ttl("fg:{default/r}:job") == -1
+        c.close()
+    with EmbeddedRedis(data) as server:
+        c = redis.Redis.from_url(server.url, decode_responses=True)
+        assert c.hget("fg:{default/r}:job", "fence") == "9"
+        assert c.config_get("appendfsync")["appendfsync"] == "always"
+        assert c.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        c.close()
