@@ -30,7 +30,7 @@ class Job:
 
 
 class Model:
-    """SPEC sections 3-4 in a few lines (registration required, no lease, downstream answers at once)."""
+    """SPEC sections 3-4 in a few lines (registration required, no lease, instant downstream)."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
