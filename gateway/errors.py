@@ -65,9 +65,9 @@ PROBLEM_BASE = "https://fencegate.dev/problems/"
 class FencegateError(Exception):
     """Base of every error the gateway reports; rendered as problem+json."""
 
-    code: ClassVar[str] = "internal_error"
+    code: ClassVar[str] = "error"  # abstract; InternalError is the 500 that is raised
     status: ClassVar[int] = 500
-    title: ClassVar[str] = "Internal error"
+    title: ClassVar[str] = "Error"
 
     def __init__(self, detail: str = "", *, status: int | None = None, **fields: Any) -> None:
         super().__init__(detail or self.title)
@@ -140,6 +140,7 @@ class PayloadTooLarge(FencegateError):
 class Rejection(FencegateError):
     """A call refused by the fence; carries ``presented`` and ``current`` generations."""
 
+    code = "rejection"  # abstract: only its subclasses are raised
     status = 409
 
 
@@ -211,7 +212,8 @@ class StoreUnavailable(FencegateError):
 
 
 class InternalError(FencegateError):
-    pass
+    code = "internal_error"
+    title = "Internal error"
 
 
 def _all_subclasses(cls: type[FencegateError]) -> list[type[FencegateError]]:
@@ -223,7 +225,7 @@ def _all_subclasses(cls: type[FencegateError]) -> list[type[FencegateError]]:
 
 
 _CLASSES: list[type[FencegateError]] = [FencegateError, *_all_subclasses(FencegateError)]
-_BY_CODE: dict[str, type[FencegateError]] = {c.code: c for c in _CLASSES if c is not Rejection}
+_BY_CODE: dict[str, type[FencegateError]] = {c.code: c for c in _CLASSES}
 
 
 def error_for_code(code: str) -> type[FencegateError]:

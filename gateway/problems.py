@@ -8,6 +8,7 @@ from aiohttp import web
 
 from gateway.errors import (
     FencegateError,
+    InternalError,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -46,4 +47,4 @@ def from_http_exception(exc: web.HTTPException) -> FencegateError:
         return PayloadTooLarge("the request body is too large")
     if 400 <= exc.status < 500:
         return _InvalidRequest(exc.reason or "bad request", status=exc.status)
-    return FencegateError(exc.reason or "error", status=exc.status)
+    return InternalError(exc.reason or "error", status=exc.status)

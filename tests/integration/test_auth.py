@@ -1,0 +1,117 @@
+"""Roles and tenants (SPEC §4, §6): every endpoint × every kind of caller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import Gateway, Upstream, key_digest
+
+KEYS = {
+    "worker": "wk-acme-0123456789",
+    "scheduler": "sc-acme-0123456789",
+    "auditor": "au-acme-0123456789",
+    "admin": "ad-acme-0123456789",
+    "other-scheduler": "sc-other-0123456789",
+    "other-worker": "wk-other-0123456789",
+    "other-auditor": "au-other-0123456789",
+}
+
+
+def auth_section() -> dict[str, Any]:
+    keys = []
+    for name, key in KEYS.items():
+        tenant = "other" if name.startswith("other-") else "acme"
+        keys.append(
+            {"role": name.removeprefix("other-"), "sha256": key_digest(key), "tenant": tenant}
+        )
+    return {"keys": keys}
+
+
+def bearer(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[name]}"}
+
+
+@pytest.fixture
+async def secured(make_gateway: Any) -> Gateway:
+    gw: Gateway = await make_gateway(auth=auth_section())
+    r = await gw.client.post(
+        "/v1/jobs/r/generations", json={"generation": 1}, headers=bearer("scheduler")
+    )
+    assert r.status == 201
+    return gw
+
+
+EFFECT = {"adapter": "hook", "operation": "send", "payload": {}}
+ENDPOINTS = [
+    ("POST", "/v1/jobs/r/generations", {}, {"scheduler"}),
+    ("POST", "/v1/jobs/r/fence", None, {"worker"}),
+    ("POST", "/v1/jobs/r/effects/s", EFFECT, {"worker"}),
+    ("GET", "/v1/jobs/r/effects/s", None, {"worker", "auditor"}),
+    ("GET", "/v1/jobs/r", None, {"scheduler", "auditor"}),
+    ("POST", "/v1/jobs/r/cancel", None, {"scheduler"}),
+    ("GET", "/v1/audit/rejections", None, {"auditor"}),
+]
+CALLERS = ["none", "wrong", "malformed", "worker", "scheduler", "auditor", "admin"]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "allowed"), ENDPOINTS)
+async def test_role_matrix(
+    secured: Gateway, upstream: Upstream, method: str, path: str, body: Any, allowed: set[str]
+) -> None:
+    for caller in CALLERS:
+        headers = {"Fencing-Token": "1"}
+        if caller == "wrong":
+            headers["Authorization"] = "Bearer not-a-configured-key"
+        elif caller == "malformed":
+            headers["Authorization"] = KEYS["admin"]  # no "Bearer "
+        elif caller != "none":
+            headers.update(bearer(caller))
+        resp = await secured.client.request(method, path, json=body, headers=headers)
+        doc = await resp.json(content_type=None)
+        if caller in ("none", "wrong", "malformed"):
+            assert (resp.status, doc["code"]) == (401, "unauthorized"), (caller, path)
+        elif caller == "admin" or caller in allowed:
+            assert resp.status not in (401, 403), (caller, path, doc)
+        else:
+            assert (resp.status, doc["code"]) == (403, "forbidden"), (caller, path)
+    # the rejected probes above reached no adapter (only the permitted worker/admin calls did)
+    assert len(upstream.received) <= 1
+
+
+async def test_open_endpoints_need_no_key(secured: Gateway) -> None:
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        assert (await secured.client.get(path)).status == 200, path
+
+
+async def test_tenants_are_separate_namespaces(secured: Gateway, upstream: Upstream) -> None:
+    c = secured.client
+    # tenant "other" cannot see or use acme's job r
+    assert (await c.get("/v1/jobs/r", headers=bearer("other-scheduler"))).status == 404
+    resp = await c.post(
+        "/v1/jobs/r/effects/s",
+        json=EFFECT,
+        headers={**bearer("other-worker"), "Fencing-Token": "1"},
+    )
+    assert (resp.status, (await resp.json())["code"]) == (409, "unregistered_generation")
+    # its own job r is a different job with its own fence
+    resp = await c.post(
+        "/v1/jobs/r/generations", json={"generation": 9}, headers=bearer("other-scheduler")
+    )
+    assert resp.status == 201
+    acme = await (await c.get("/v1/jobs/r", headers=bearer("scheduler"))).json()
+    assert acme["fence"] == 1
+    # acme's worker on generation 1 is unaffected by the other tenant's generation 9
+    resp = await c.post(
+        "/v1/jobs/r/effects/s", json=EFFECT, headers={**bearer("worker"), "Fencing-Token": "1"}
+    )
+    assert resp.status == 200
+    # each tenant's audit log holds only its own rejections
+    other_audit = await (
+        await c.get("/v1/audit/rejections", headers=bearer("other-auditor"))
+    ).json()
+    acme_audit = await (await c.get("/v1/audit/rejections", headers=bearer("auditor"))).json()
+    assert [e["reason"] for e in other_audit["items"]] == ["unregistered_generation"]
+    assert acme_audit["items"] == []
+    assert len(upstream.received) == 1
