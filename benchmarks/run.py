@@ -92,118 +92,119 @@ def wait_http(url: str, timeout: float = 20) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def run(n: int, concurrency: int, workdir: Path) -> list[dict[str, Any]]:
-    redis_server = EmbeddedRedis(workdir / "redis", use_socket=False)
-    redis_server.start()
-    up_port, gw_port = free_port(), free_port()
-    cfg = workdir / "bench.toml"
-    cfg.write_text(
-        f"""
-[server]
-max_body_bytes = 262144
+class Stack:
+    """redis-server, the upstream receiver and ``fencegate serve``, each its own process."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.redis = EmbeddedRedis(workdir / "redis", use_socket=False)
+        self.redis.start()
+        up_port, self.gw_port = free_port(), free_port()
+        cfg = workdir / "bench.toml"
+        cfg.write_text(
+            f"""
 [redis]
-url = "{redis_server.url}"
+url = "{self.redis.url}"
 data_dir = "{workdir / "state"}"
 max_connections = 128
 [adapters.hook]
 type = "webhook"
 url = "http://127.0.0.1:{up_port}/hook"
 """
-    )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [
-        subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env),
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--config",
-                str(cfg),
-                "--port",
-                str(gw_port),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(workdir / "gateway.log").open("w"),
-        ),
-    ]
-    results: list[dict[str, Any]] = []
-    try:
-        wait_http(f"http://127.0.0.1:{gw_port}/readyz")
-        base = f"http://127.0.0.1:{gw_port}"
-        run_id = secrets.token_hex(3)
-        jobs = [f"bench-{run_id}-{i}" for i in range(n)]
-        conn = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(base, connector=conn) as http:
+        )
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.log = (workdir / "gateway.log").open("w")
+        self.procs = [
+            subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env),
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway",
+                    "serve",
+                    "--config",
+                    str(cfg),
+                    "--port",
+                    str(self.gw_port),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=self.log,
+            ),
+        ]
+        wait_http(f"http://127.0.0.1:{self.gw_port}/readyz")
 
-            async def register(i: int) -> None:
-                async with http.post(
-                    f"/v1/jobs/{jobs[i]}/generations", json={"generation": 1}
-                ) as r:
-                    assert r.status == 201, await r.text()
-
-            await measure("register", n, concurrency, register)
-
-            # (a) the floor: one EVALSHA of the admit script per call, no HTTP, no adapter
-            client = connect(redis_server.url, timeout=5, max_connections=concurrency)
-            store = Store(
-                client, registration="required", dispatch_timeout_ms=30_000, retention_seconds=3600
-            )
-            await store.load_scripts()
-            script = store._scripts["admit-5"]
-            floor_jobs = [f"floor-{run_id}-{i}" for i in range(n)]
-            for job in floor_jobs[:1]:
-                await store.register(JobKeys("default", job), 1, None)
-
-            async def admit_raw(i: int) -> None:
-                k = JobKeys("default", floor_jobs[0])
-                await client.evalsha(
-                    script.sha, 5, k.job, k.effect(f"s{i}"), k.audit, k.steps, k.marker,
-                    "1", "required", "0" * 64, "hook", "send", f"d{i}", "30000", "3600", "0",
-                    floor_jobs[0], f"s{i}", "", "default",
-                )  # fmt: skip
-
-            results.append(await measure("(a) raw EVALSHA admit", n, concurrency, admit_raw))
-            await client.aclose()
-
-            body = {
-                "adapter": "hook",
-                "operation": "send",
-                "payload": {"to": ["a@example.com"], "subject": "hi"},
-            }
-
-            def effect_call(token: str, expect: int) -> Callable[[int], Awaitable[None]]:
-                async def call(i: int) -> None:
-                    async with http.post(
-                        f"/v1/jobs/{jobs[i]}/effects/notify",
-                        json=body,
-                        headers={"Fencing-Token": token},
-                    ) as r:
-                        await r.read()
-                        assert r.status == expect, r.status
-
-                return call
-
-            results.append(
-                await measure("(b) effect, accepted", n, concurrency, effect_call("1", 200))
-            )
-            results.append(
-                await measure("(c) effect, replayed", n, concurrency, effect_call("1", 200))
-            )
-            for job in jobs:
-                async with http.post(f"/v1/jobs/{job}/generations", json={"generation": 2}) as r:
-                    assert r.status == 201
-            results.append(
-                await measure("(d) effect, stale 409", n, concurrency, effect_call("1", 409))
-            )
-    finally:
-        for p in procs:
+    def stop(self) -> None:
+        for p in self.procs:
             p.terminate()
-        for p in procs:
+        for p in self.procs:
             p.wait(20)
-        redis_server.stop()
+        self.log.close()
+        self.redis.stop()
+
+
+async def run(n: int, concurrency: int, stack: Stack) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    gw_port, redis_server = stack.gw_port, stack.redis
+    base = f"http://127.0.0.1:{gw_port}"
+    run_id = secrets.token_hex(3)
+    jobs = [f"bench-{run_id}-{i}" for i in range(n)]
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base, connector=conn) as http:
+
+        async def register(i: int) -> None:
+            async with http.post(f"/v1/jobs/{jobs[i]}/generations", json={"generation": 1}) as r:
+                assert r.status == 201, await r.text()
+
+        await measure("register", n, concurrency, register)
+
+        # (a) the floor: one EVALSHA of the admit script per call, no HTTP, no adapter
+        client = connect(redis_server.url, timeout=5, max_connections=concurrency)
+        store = Store(
+            client, registration="required", dispatch_timeout_ms=30_000, retention_seconds=3600
+        )
+        await store.load_scripts()
+        script = store._scripts["admit-5"]
+        floor_jobs = [f"floor-{run_id}-{i}" for i in range(n)]
+        for job in floor_jobs[:1]:
+            await store.register(JobKeys("default", job), 1, None)
+
+        async def admit_raw(i: int) -> None:
+            k = JobKeys("default", floor_jobs[0])
+            await client.evalsha(
+                script.sha, 5, k.job, k.effect(f"s{i}"), k.audit, k.steps, k.marker,
+                "1", "required", "0" * 64, "hook", "send", f"d{i}", "30000", "3600", "0",
+                floor_jobs[0], f"s{i}", "", "default",
+            )  # fmt: skip
+
+        results.append(await measure("(a) raw EVALSHA admit", n, concurrency, admit_raw))
+        await client.aclose()
+
+        body = {
+            "adapter": "hook",
+            "operation": "send",
+            "payload": {"to": ["a@example.com"], "subject": "hi"},
+        }
+
+        def effect_call(token: str, expect: int) -> Callable[[int], Awaitable[None]]:
+            async def call(i: int) -> None:
+                async with http.post(
+                    f"/v1/jobs/{jobs[i]}/effects/notify",
+                    json=body,
+                    headers={"Fencing-Token": token},
+                ) as r:
+                    await r.read()
+                    assert r.status == expect, r.status
+
+            return call
+
+        results.append(await measure("(b) effect, accepted", n, concurrency, effect_call("1", 200)))
+        results.append(await measure("(c) effect, replayed", n, concurrency, effect_call("1", 200)))
+        for job in jobs:
+            async with http.post(f"/v1/jobs/{job}/generations", json={"generation": 2}) as r:
+                assert r.status == 201
+        results.append(
+            await measure("(d) effect, stale 409", n, concurrency, effect_call("1", 409))
+        )
     floor = results[0]["rps"]
     for r in results:
         r["ratio_to_a"] = round(r["rps"] / floor, 3)
@@ -219,7 +220,11 @@ def main() -> None:
     args = parser.parse_args()
     assert args.requests < MAX_GENERATION
     with tempfile.TemporaryDirectory(prefix="fencegate-bench-") as tmp:
-        results = asyncio.run(run(args.requests, args.concurrency, Path(tmp)))
+        stack = Stack(Path(tmp))
+        try:
+            results = asyncio.run(run(args.requests, args.concurrency, stack))
+        finally:
+            stack.stop()
     header = (
         f"{'measurement':<26}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'p99.9 ms':>10}{'x (a)':>8}"
     )
