@@ -1,0 +1,11 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY adapters ./adapters
+COPY examples ./examples
+RUN pip install --no-cache-dir .
+USER nobody
+EXPOSE 8080
+ENTRYPOINT ["fencegate"]
+CMD ["serve", "--config", "/etc/fencegate/fencegate.toml"]
