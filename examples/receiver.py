@@ -21,7 +21,10 @@ async def hook(request: web.Request) -> web.Response:
     key = request.headers.get("Idempotency-Key", "-")
     seen[key] += 1
     dup = "  <-- DUPLICATE" if seen[key] > 1 else ""
-    print(f"key={key} fencing-token={request.headers.get('Fencing-Token')} body={body}{dup}", flush=True)
+    print(
+        f"key={key} fencing-token={request.headers.get('Fencing-Token')} body={body}{dup}",
+        flush=True,
+    )
     return web.json_response({"received": True, "times_seen": seen[key]})
 
 
