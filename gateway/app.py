@@ -73,6 +73,8 @@ async def _request_middleware(
     metrics.request_seconds.labels(route.canonical if route else "-").observe(elapsed)
     log.info(
         "request",
+        # explicit, so the canonical line is complete whatever the processor chain
+        **structlog.contextvars.get_contextvars(),
         method=request.method,
         path=request.path,
         status=response.status,

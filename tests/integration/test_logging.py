@@ -1,0 +1,44 @@
+"""One canonical log line per request; rejections log both generations; no secrets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from structlog.testing import capture_logs
+
+from gateway.logging import redactor
+from tests.conftest import Gateway
+
+
+async def test_canonical_request_lines(gw: Gateway) -> None:
+    await gw.register("r", generation=2)
+    with capture_logs() as logs:
+        await gw.effect("r", "notify", 2, worker_id="worker-b")
+        await gw.effect("r", "notify", 1, worker_id="worker-a")
+    lines = [e for e in logs if e["event"] == "request"]
+    assert len(lines) == 2
+    ok, stale = lines
+    assert ok["status"] == 200 and ok["outcome"] == "succeeded"
+    assert (ok["job_id"], ok["step"], ok["generation"], ok["worker_id"]) == (
+        "r",
+        "notify",
+        2,
+        "worker-b",
+    )
+    assert stale["status"] == 409 and stale["outcome"] == "stale_generation"
+    assert (stale["presented"], stale["current"], stale["worker_id"]) == (1, 2, "worker-a")
+    assert ok["request_id"] != stale["request_id"]
+
+
+def test_redactor_blanks_secrets_and_sensitive_keys() -> None:
+    redact: Any = redactor(["s3cr3t-value"])
+    event = redact(
+        None,
+        "info",
+        {"event": "x", "detail": "token s3cr3t-value leaked", "authorization": "Bearer abc"},
+    )
+    assert event == {
+        "event": "x",
+        "detail": "token [redacted] leaked",
+        "authorization": "[redacted]",
+    }
