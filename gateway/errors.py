@@ -26,7 +26,8 @@ gateway decided::
     ├── EffectFailed              424 effect_failed
     ├── AdapterUnavailable        502 adapter_unavailable
     ├── StoreUnavailable          503 store_unavailable
-    └── InternalError             500 internal_error
+    ├── InternalError             500 internal_error
+    └── GatewayUnreachable        (SDK only) no HTTP answer from the gateway
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "EffectInProgress",
     "FencegateError",
     "Forbidden",
+    "GatewayUnreachable",
     "GenerationRegression",
     "IntentMismatch",
     "InternalError",
@@ -209,6 +211,14 @@ class StoreUnavailable(FencegateError):
     code = "store_unavailable"
     status = 503
     title = "The fence store is unavailable; nothing was dispatched"
+
+
+class GatewayUnreachable(FencegateError):
+    """Raised by the SDK when the gateway did not answer (a sent effect call may have run)."""
+
+    code = "gateway_unreachable"
+    status = 503
+    title = "No answer from the gateway"
 
 
 class InternalError(FencegateError):

@@ -119,9 +119,12 @@ class EffectService:
         if isinstance(verdict, Replay):
             return self._replay(keys, step, verdict.record)
         if isinstance(verdict, InProgress):
+            # Retry-After is a hint (most dispatches take milliseconds); the hold's
+            # hard limit is reported separately.
             raise EffectInProgress(
                 "another request is dispatching this step",
-                retry_after=max(1, -(-verdict.retry_after_ms // 1000)),
+                retry_after=1,
+                dispatch_deadline_in_ms=verdict.retry_after_ms,
             )
         if not isinstance(verdict, Admitted):
             self._metrics.effects.labels(adapter_name, "unknown_refused").inc()
