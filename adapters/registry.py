@@ -21,6 +21,7 @@ __all__ = ["BUILTIN", "AdapterConfigError", "build_adapters", "load_type", "vali
 
 BUILTIN: dict[str, str] = {
     "webhook": "adapters.webhook:WebhookAdapter",
+    "smtp": "adapters.smtp:SmtpAdapter",
 }
 ENTRY_POINT_GROUP = "fencegate.adapters"
 
