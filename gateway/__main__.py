@@ -1,19 +1,22 @@
 """The ``fencegate`` command: parse args → load settings → configure logging → run.
 
-Exit codes: 0 success; 1 runtime failure (Redis unreachable, embedded Redis
-failed); 2 bad usage or configuration (the message names the key); 3 refused
-for safety (durability marker missing, non-durable Redis, open gateway on a
-non-loopback address).
+Exit codes: 0 success; 1 runtime failure (Redis or the gateway unreachable,
+embedded Redis failed, a demo invariant did not hold); 2 bad usage or
+configuration (the message names the key); 3 refused for safety (durability
+marker missing, non-durable Redis, open gateway on a non-loopback address).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 import structlog
@@ -22,6 +25,7 @@ from aiohttp import web
 from adapters.registry import AdapterConfigError, validate_configs
 from gateway import __version__
 from gateway.embedded import EmbeddedRedis, EmbeddedRedisError
+from gateway.errors import FencegateError
 from gateway.logging import configure_logging
 from gateway.settings import ConfigError, Settings, load_settings
 
@@ -196,6 +200,97 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gateway.demo import main as demo_main
+
+    return demo_main([])
+
+
+def _client_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {"api_key": args.api_key or os.environ.get("FENCEGATE_API_KEY") or None}
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
+        for r in [header, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    from gateway.client import Scheduler
+
+    async def run() -> dict[str, Any]:
+        async with Scheduler(args.url, **_client_args(args)) as sched:
+            return await sched.job(args.job_id)
+
+    job = asyncio.run(run())
+    print(
+        f"job {job['job_id']}: fence={job['fence']} cancelled={job['cancelled']} "
+        f"lease_expires_at={job['lease_expires_at'] or '-'}"
+    )
+    rows = [
+        [
+            step,
+            e["state"],
+            str(e["generation"]),
+            e["adapter"],
+            e["operation"],
+            str(e["attempts"]),
+            e["updated_at"] or "-",
+        ]
+        for step, e in sorted(job["effects"].items())
+    ]
+    if rows:
+        print(
+            _table(rows, ["step", "state", "gen", "adapter", "operation", "attempts", "updated_at"])
+        )
+    return EXIT_OK
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from gateway.client import Scheduler
+
+    header = ["at", "job", "step", "reason", "presented", "current", "worker"]
+
+    def row(e: dict[str, Any]) -> list[str]:
+        return [
+            e["at"],
+            e["job_id"],
+            e["step"] or "-",
+            e["reason"],
+            str(e["presented"]),
+            str(e["current"]),
+            e["worker_id"] or "-",
+        ]
+
+    async def run() -> None:
+        async with Scheduler(args.url, **_client_args(args)) as sched:
+            page = await sched.audit(job_id=args.job, limit=args.limit)
+            items = page["items"]
+            print(_table([row(e) for e in reversed(items)], header))
+            newest = items[0]["id"] if items else None
+            while args.follow:
+                await asyncio.sleep(args.interval)
+                fresh = (await sched.audit(job_id=args.job, limit=1000))["items"]
+                new = [e for e in fresh if newest is None or _after(e["id"], newest)]
+                for e in reversed(new):
+                    print("  ".join(row(e)), flush=True)
+                if new:
+                    newest = new[0]["id"]
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+    return EXIT_OK
+
+
+def _after(a: str, b: str) -> bool:
+    return tuple(map(int, a.split("-"))) > tuple(map(int, b.split("-")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fencegate", description="A fencing-token gateway for side effects."
@@ -224,6 +319,26 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file")
     check.set_defaults(func=cmd_check_config)
+
+    demo = sub.add_parser("demo", help="run the zombie-worker timeline end to end, locally")
+    demo.set_defaults(func=cmd_demo)
+
+    for name, helptext in (
+        ("job", "show a job's fence and effects"),
+        ("audit", "list rejected calls"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--url", default="http://127.0.0.1:8080", help="the gateway")
+        p.add_argument("--api-key", help="scheduler/auditor key (default: $FENCEGATE_API_KEY)")
+        if name == "job":
+            p.add_argument("job_id")
+            p.set_defaults(func=cmd_job)
+        else:
+            p.add_argument("--job", help="only this job")
+            p.add_argument("--limit", type=int, default=50)
+            p.add_argument("--follow", action="store_true", help="keep printing new rejections")
+            p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+            p.set_defaults(func=cmd_audit)
     return parser
 
 
@@ -236,6 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     except redis.exceptions.ConnectionError as exc:
         print(f"fencegate: Redis unreachable: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except FencegateError as exc:  # job / audit: the gateway's problem, as it said it
+        print(f"fencegate: {exc.code}: {exc.detail}", file=sys.stderr)
         return EXIT_RUNTIME
     return code
 
