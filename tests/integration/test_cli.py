@@ -81,7 +81,7 @@ async def test_job_and_audit_commands(gw: Gateway) -> None:
     code, out, _ = await run_cli("job", "r", "--url", url)
     assert code == 0
     assert "job r: fence=2 cancelled=False" in out
-    assert ["notify", "succeeded", "2", "hook", "send", "1"] == out.splitlines()[-1].split()[:6]
+    assert out.splitlines()[-1].split()[:6] == ["notify", "succeeded", "2", "hook", "send", "1"]
     code, out, _ = await run_cli("audit", "--url", url, "--job", "r")
     assert code == 0
     row = out.splitlines()[-1].split()
