@@ -1,0 +1,154 @@
+"""The README's curl walk-through, the examples and the compose file, executed and checked."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.settings import load_settings
+from tests.conftest import Gateway, Upstream
+
+ROOT = Path(__file__).parents[2]
+
+
+def walkthrough() -> list[tuple[list[str], int]]:
+    """(curl argv, expected status) for every command of the README's walk-through."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Walk-through with curl", 1)[1]
+    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    logical: list[str] = []
+    for line in block.splitlines():
+        if logical and logical[-1].endswith("\\"):
+            logical[-1] = logical[-1][:-1] + " " + line.strip()
+        else:
+            logical.append(line.strip())
+    calls: list[tuple[list[str], int]] = []
+    for i, line in enumerate(logical):
+        if not line.startswith("curl "):
+            continue
+        expected = 200
+        following = logical[i + 1] if i + 1 < len(logical) else ""
+        m = re.match(r"# (\d{3})\b", following)
+        if m:
+            expected = int(m.group(1))
+        calls.append((shlex.split(line), expected))
+    return calls
+
+
+async def run_curl(gw: Gateway, argv: list[str]) -> Any:
+    method, headers, data, url = "GET", {}, None, ""
+    args = iter(argv[1:])
+    for a in args:
+        if a in ("-s", "-i"):
+            continue
+        if a.startswith("-X"):
+            method = a[2:] or next(args)
+        elif a == "-H":
+            k, v = next(args).split(":", 1)
+            headers[k.strip()] = v.strip()
+        elif a == "-d":
+            data = next(args)
+            method = "POST" if method == "GET" else method
+        else:
+            url = a
+    path = url.replace("$B", "")
+    return await gw.client.request(method, path, data=data, headers=headers)
+
+
+async def test_readme_walkthrough_status_codes(gw: Gateway, upstream: Upstream) -> None:
+    calls = walkthrough()
+    assert len(calls) >= 7
+    for argv, expected in calls:
+        resp = await run_curl(gw, argv)
+        assert resp.status == expected, (argv, await resp.text())
+    assert len(upstream.received) == 1  # one notification, despite the zombie and the retry
+
+
+async def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=ROOT, env=env
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_sdk_worker_example(gw: Gateway, upstream: Upstream, tmp_path: Path) -> None:
+    url = str(gw.client.make_url("")).rstrip("/")
+    db = tmp_path / "jobs.sqlite"
+    code, out = await run(
+        sys.executable, "examples/sdk_worker.py", "--gateway", url, "--db", str(db),
+        "--enqueue", "order-1", "--enqueue", "order-2",
+    )  # fmt: skip
+    assert code == 0, out
+    assert out.split() == ["done", "done"]
+    assert sorted(r.headers["Idempotency-Key"] for r in upstream.received) == [
+        "order-1:notify",
+        "order-2:notify",
+    ]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute(
+            "SELECT job_id, attempt, state FROM jobs ORDER BY job_id"
+        ).fetchall() == [
+            ("order-1", 1, "succeeded"),
+            ("order-2", 1, "succeeded"),
+        ]
+
+
+async def test_curl_flow_example(gw: Gateway, upstream: Upstream, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "GATEWAY": str(gw.client.make_url("")).rstrip("/"),
+        "DB": str(tmp_path / "j.sqlite"),
+    }
+    code, out = await run("bash", "examples/curl_flow.sh", "c", env=env)
+    assert code == 0, out
+    assert "claimed c as generation 1" in out and out.strip().endswith("done")
+    # the job is done: a second run claims nothing
+    code, out = await run("bash", "examples/curl_flow.sh", "c", env=env)
+    assert code == 0 and "nothing to claim" in out
+    # a takeover registers generation 2: a zombie still holding 1 is refused
+    await gw.register("c", generation=2)
+    zombie = await gw.effect(
+        "c", "notify", 1, operation="order.shipped", payload={"message": "your order shipped"}
+    )
+    assert zombie.status == 409 and (await zombie.json())["code"] == "stale_generation"
+    assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["c:notify"]
+
+
+def test_compose_file_is_consistent() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"redis", "gateway", "receiver"} <= set(services)
+    assert any(p.endswith(":8080") for p in services["gateway"]["ports"])
+    for svc in services.values():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).is_file(), source
+    gw_cfg = next(
+        v.split(":")[0] for v in services["gateway"]["volumes"] if v.endswith("fencegate.toml:ro")
+    )
+    env = services["gateway"]["environment"]
+    os.environ.update({k: v for k, v in env.items()})
+    try:
+        settings = load_settings(ROOT / gw_cfg)
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+    assert settings.redis.url.startswith("redis://redis:")
+    assert settings.adapters["hook"]["url"].startswith("http://receiver:9000/")
+    assert settings.auth.keys, "the compose gateway binds 0.0.0.0, so it must have keys"
+    assert {k.key_env for k in settings.auth.keys} <= set(env)
+    redis_conf = (ROOT / "config" / "redis.conf").read_text().split("\n")
+    for line in ("appendonly yes", "appendfsync always", "maxmemory-policy noeviction"):
+        assert line in redis_conf
+    assert (ROOT / "Dockerfile").is_file()
