@@ -9,7 +9,7 @@ install). Adding a built-in adapter is one module plus one line in
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -22,6 +22,8 @@ __all__ = ["BUILTIN", "AdapterConfigError", "build_adapters", "load_type", "vali
 BUILTIN: dict[str, str] = {
     "webhook": "adapters.webhook:WebhookAdapter",
     "smtp": "adapters.smtp:SmtpAdapter",
+    "stripe": "adapters.stripe:StripeAdapter",
+    "jira": "adapters.jira:JiraAdapter",
 }
 ENTRY_POINT_GROUP = "fencegate.adapters"
 
@@ -72,10 +74,22 @@ def _config(name: str, section: Mapping[str, Any]) -> tuple[Any, AdapterConfig]:
     return cls, config
 
 
-def validate_configs(sections: Mapping[str, Mapping[str, Any]]) -> None:
-    """Validate every adapter section without connecting anywhere."""
+def validate_configs(
+    sections: Mapping[str, Mapping[str, Any]],
+    secret: Callable[[str, str], str] | None = None,
+) -> None:
+    """Validate every adapter section without connecting anywhere.
+
+    With ``secret``, every non-empty ``*_env`` key must also name a set
+    environment variable, so a missing credential stops the start early.
+    """
     for name, section in sections.items():
-        _config(name, section)
+        _, config = _config(name, section)
+        if secret is None:
+            continue
+        for field, value in config.model_dump().items():
+            if field.endswith("_env") and value:
+                secret(value, f"adapters.{name}.{field}")
 
 
 def build_adapters(

@@ -18,15 +18,14 @@ read timeout, connection lost after sending    Unknown
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-import aiohttp
 from pydantic import AnyHttpUrl, Field
 
+from adapters import http
 from adapters.base import (
     AdapterConfig,
     AdapterContext,
@@ -74,9 +73,6 @@ class WebhookAdapter:
             raise InvalidPayload("operation must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
     async def dispatch(self, request: EffectRequest) -> Outcome:
-        budget = min(self._config.timeout_seconds, request.remaining())
-        if budget <= 0:
-            return NotDelivered("dispatch deadline passed before sending")
         headers = {
             **self._config.headers,
             "Content-Type": "application/json",
@@ -84,40 +80,24 @@ class WebhookAdapter:
             "Fencing-Token": str(request.generation),
             "X-Fencegate-Operation": request.operation,
         }
-        body = json.dumps(request.payload, separators=(",", ":")).encode()
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=budget, sock_read=budget)
-        try:
-            async with asyncio.timeout(budget):
-                async with self._http.post(
-                    self._url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-                ) as resp:
-                    raw = await resp.content.read(self._config.max_response_bytes + 1)
-                    return self._classify(resp, raw)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            # The TCP connection never opened: nothing was sent.
-            return NotDelivered(f"connection failed: {type(exc).__name__}")
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return Unknown(f"no complete response after sending: {type(exc).__name__}")
-
-    def _classify(self, resp: aiohttp.ClientResponse, raw: bytes) -> Outcome:
-        limit = self._config.max_response_bytes
-        truncated = len(raw) > limit
-        raw = raw[:limit]
-        body: Any
-        try:
-            body = json.loads(raw) if raw and not truncated else raw.decode("utf-8", "replace")
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
-        info: dict[str, Any] = {"status": resp.status, "body": body}
-        if truncated:
-            info["truncated"] = True
+        resp = await http.request(
+            self._http,
+            "POST",
+            self._url,
+            budget=min(self._config.timeout_seconds, request.remaining()),
+            max_bytes=self._config.max_response_bytes,
+            headers=headers,
+            data=json.dumps(request.payload, separators=(",", ":")),
+        )
+        if not isinstance(resp, http.Response):
+            return resp
         if 200 <= resp.status < 300:
-            return Delivered(info)
+            return Delivered(resp.summary())
         if resp.status in _RETRYABLE:
             return NotDelivered(f"receiver answered {resp.status}")
         if resp.status >= 500:
             return Unknown(f"receiver answered {resp.status}")
-        return Failed(info)
+        return Failed(resp.summary())
 
     async def lookup(self, request: EffectRequest) -> Delivered | NotDelivered | None:
         return None

@@ -27,7 +27,7 @@ from gateway import __version__
 from gateway.embedded import EmbeddedRedis, EmbeddedRedisError
 from gateway.errors import FencegateError
 from gateway.logging import configure_logging
-from gateway.settings import ConfigError, Settings, load_settings
+from gateway.settings import ConfigError, Settings, load_settings, read_secret
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_REFUSED = 0, 1, 2, 3
 
@@ -91,7 +91,7 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging()
-    validate_configs(settings.adapters)
+    validate_configs(settings.adapters, read_secret)
     host, port = settings.server.host, settings.server.port
     if not settings.auth.keys:
         if not _is_loopback(host):

@@ -91,7 +91,7 @@ def create_app(
     secret: SecretReader = read_secret,
 ) -> web.Application:
     """Build the gateway. Adapter configs are validated here, before anything starts."""
-    validate_configs(settings.adapters)
+    validate_configs(settings.adapters, secret)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         middlewares=[_request_middleware],
