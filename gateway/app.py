@@ -27,8 +27,9 @@ from gateway.metrics import Metrics
 from gateway.openapi import build_openapi
 from gateway.problems import from_http_exception, problem_response
 from gateway.service import EffectService
-from gateway.settings import Settings, read_secret
+from gateway.settings import ConfigError, Settings, read_secret
 from gateway.store import Store, connect
+from gateway.tokens import TokenSigner
 
 __all__ = ["create_app"]
 
@@ -100,6 +101,16 @@ def create_app(
     app[K.METRICS] = Metrics()
     app[K.AUTH] = Authenticator(settings.auth.keys, secret)
     app[K.OPENAPI] = json.dumps(build_openapi()).encode()
+    app[K.SIGNER] = None
+    if settings.auth.token_signing_key_env:
+        raw = secret(settings.auth.token_signing_key_env, "auth.token_signing_key_env")
+        try:
+            app[K.SIGNER] = TokenSigner(
+                [k.strip().encode() for k in raw.split(",") if k.strip()],
+                settings.auth.token_ttl_seconds,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
 
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(

@@ -10,6 +10,7 @@ from gateway.metrics import Metrics
 from gateway.service import EffectService
 from gateway.settings import Settings
 from gateway.store import Store
+from gateway.tokens import TokenSigner
 
 SETTINGS = web.AppKey("settings", Settings)
 AUTH = web.AppKey("auth", Authenticator)
@@ -18,3 +19,4 @@ STORE = web.AppKey("store", Store)
 ADAPTERS = web.AppKey("adapters", dict[str, Adapter])
 SERVICE = web.AppKey("service", EffectService)
 OPENAPI = web.AppKey("openapi", bytes)
+SIGNER: web.AppKey[TokenSigner | None] = web.AppKey("signer")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -53,6 +54,7 @@ from gateway.errors import (
     UnregisteredGeneration,
     error_for_code,
 )
+from gateway.tokens import sign_token
 
 __all__ = [
     "AdapterUnavailable",
@@ -77,6 +79,7 @@ __all__ = [
     "SyncScheduler",
     "UnknownAdapter",
     "UnregisteredGeneration",
+    "mint_token",
 ]
 
 T = TypeVar("T")
@@ -104,6 +107,17 @@ class EffectResult:
     idempotency_key: str
     adapter: str
     result: Any
+
+
+def mint_token(
+    signing_key: str | bytes, tenant: str, job_id: str, generation: int, *, ttl_seconds: int
+) -> str:
+    """A signed fencing token, as ``POST …/generations`` returns them (for external schedulers).
+
+    Use the gateway's signing key (the first of ``auth.token_signing_key_env``).
+    """
+    key = signing_key.encode() if isinstance(signing_key, str) else signing_key
+    return sign_token(key, tenant, job_id, generation, int(time.time()) + ttl_seconds)
 
 
 class _Client:

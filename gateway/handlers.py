@@ -18,7 +18,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from gateway import appkeys as K
-from gateway.errors import Forbidden, InvalidRequest, NotFound, PayloadTooLarge
+from gateway.errors import BadToken, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
 from gateway.keys import JobKeys
 from gateway.metrics import CONTENT_TYPE
 from gateway.models import (
@@ -94,8 +94,26 @@ def _step(request: web.Request) -> str:
     return step
 
 
-def _generation(request: web.Request) -> int:
-    gen = parse_unsigned_token(request.headers.get("Fencing-Token"))
+async def _generation(
+    request: web.Request,
+    keys: JobKeys,
+    *,
+    step: str = "",
+    worker_id: str | None = None,
+    adapter: str = "",
+) -> int:
+    """The presented generation; with signing on, the token must verify (else audited 400)."""
+    raw = request.headers.get("Fencing-Token")
+    signer = request.app[K.SIGNER]
+    if signer is None:
+        gen = parse_unsigned_token(raw)
+    else:
+        try:
+            gen = signer.verify(raw, keys.tenant, keys.job_id)
+        except BadToken as err:
+            raise await request.app[K.STORE].reject(
+                keys, err, step=step, worker_id=worker_id or "", adapter=adapter
+            ) from None
     structlog.contextvars.bind_contextvars(generation=gen)
     return gen
 
@@ -167,10 +185,12 @@ async def register_generation(request: web.Request) -> web.Response:
     reg = await request.app[K.STORE].register(keys, body.generation, body.lease_ms)
     structlog.contextvars.bind_contextvars(generation=reg.generation)
     request.app[K.METRICS].registrations.labels("created" if reg.created else "current").inc()
+    signer = request.app[K.SIGNER]
+    token = signer.sign(keys.tenant, keys.job_id, reg.generation) if signer else str(reg.generation)
     out = GenerationOut(
         job_id=keys.job_id,
         generation=reg.generation,
-        token=str(reg.generation),
+        token=token,
         lease_expires_at=iso_ms(reg.lease_expires_at_ms),
     )
     return respond(out, 201 if reg.created else 200)
@@ -178,8 +198,8 @@ async def register_generation(request: web.Request) -> web.Response:
 
 async def heartbeat(request: web.Request) -> web.Response:
     keys = _job(request, "worker")
-    gen = _generation(request)
     worker_id = _worker_id(request)
+    gen = await _generation(request, keys, worker_id=worker_id)
     _, lease = await request.app[K.STORE].heartbeat(keys, gen, worker_id or "")
     out = HeartbeatOut(
         job_id=keys.job_id, generation=gen, current=True, lease_expires_at=iso_ms(lease)
@@ -190,10 +210,10 @@ async def heartbeat(request: web.Request) -> web.Response:
 async def perform_effect(request: web.Request) -> web.Response:
     keys = _job(request, "worker")
     step = _step(request)
-    gen = _generation(request)
     worker_id = _worker_id(request)
     body: EffectBody = await _body(request, EffectBody)
     structlog.contextvars.bind_contextvars(adapter=body.adapter)
+    gen = await _generation(request, keys, step=step, worker_id=worker_id, adapter=body.adapter)
     res = await request.app[K.SERVICE].perform(
         keys,
         step,

@@ -92,7 +92,9 @@ class AuthKey(_Section):
 
 
 class AuthSettings(_Section):
+    # Names the env var holding the HMAC key(s); comma-separated for rotation, the first signs.
     token_signing_key_env: str = ""
+    token_ttl_seconds: Annotated[int, Field(ge=60, le=90 * 86400)] = 86_400
     keys: tuple[AuthKey, ...] = ()
 
 

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import (
+    BadToken,
     FencegateError,
     GenerationRegression,
     IntentMismatch,
@@ -56,7 +57,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-SCRIPT_NAMES = ("admit-5", "record-1", "register-3", "heartbeat-3", "cancel-2")
+SCRIPT_NAMES = ("admit-5", "record-1", "register-3", "heartbeat-3", "cancel-2", "reject-3")
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
 
@@ -178,6 +179,7 @@ class AuditEntry:
 _REJECTIONS: dict[str, type[FencegateError]] = {
     c.code: c
     for c in (
+        BadToken,
         StaleGeneration,
         UnregisteredGeneration,
         LeaseExpired,
@@ -194,6 +196,7 @@ _DETAILS = {
     "job_cancelled": "the job was cancelled",
     "generation_regression": "generation {p} is below the job's fence {c}",
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
+    "bad_token": "the fencing token is not valid",
 }
 
 
@@ -333,6 +336,7 @@ class Store:
         step: str = "",
         worker_id: str = "",
         adapter: str = "",
+        detail: str | None = None,
     ) -> FencegateError:
         """Turn a ``{9, reason, presented, current, audit_id, pinned}`` reply into an error.
 
@@ -365,7 +369,7 @@ class Store:
         }
         if pinned:
             fields["pinned_intent_sha256"] = pinned
-        detail = _DETAILS[reason].format(p=presented or "(next)", c=current)
+        detail = detail or _DETAILS[reason].format(p=presented or "(next)", c=current)
         return _REJECTIONS[reason](detail, **fields)
 
     async def register(
@@ -406,6 +410,27 @@ class Store:
         if int(reply[0]) == 9:
             raise await self._rejected(keys, reply, worker_id=worker_id)
         return int(reply[1]), (int(reply[2]) or None)
+
+    async def reject(
+        self,
+        keys: JobKeys,
+        err: FencegateError,
+        *,
+        step: str = "",
+        worker_id: str = "",
+        adapter: str = "",
+    ) -> FencegateError:
+        """Audit a rejection decided outside Redis (bad token); returns the error to raise."""
+        presented = err.fields.get("presented")
+        reply = await self._run(
+            "reject-3",
+            (keys.job, keys.audit, keys.marker),
+            (err.code, "" if presented is None else str(presented), keys.job_id, step, worker_id,
+             adapter, keys.tenant, self._retention),
+        )  # fmt: skip
+        return await self._rejected(
+            keys, reply, step=step, worker_id=worker_id, adapter=adapter, detail=err.detail
+        )
 
     async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
         """Cancel the job; returns (fence, was_already_cancelled)."""
