@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import ipaddress
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +29,7 @@ from gateway import __version__
 from gateway.embedded import EmbeddedRedis, EmbeddedRedisError
 from gateway.errors import FencegateError
 from gateway.logging import configure_logging
-from gateway.settings import ConfigError, Settings, load_settings, read_secret
+from gateway.settings import NAME_RE, ConfigError, Settings, load_settings, read_secret
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_REFUSED = 0, 1, 2, 3
 
@@ -88,9 +90,24 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
     return False
 
 
+def _configured_secrets(settings: Settings) -> list[str]:
+    """Every secret the config names (adapter credentials, keys, signing keys): never logged."""
+    names = [
+        section[k] for section in settings.adapters.values() for k in section if k.endswith("_env")
+    ]
+    names += [k.key_env for k in settings.auth.keys if k.key_env]
+    if settings.auth.token_signing_key_env:
+        names.append(settings.auth.token_signing_key_env)
+    values: list[str] = []
+    for name in names:
+        value = os.environ.get(str(name), "") if name else ""
+        values += [v.strip() for v in value.split(",") if len(v.strip()) >= 4]
+    return values
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    configure_logging()
+    configure_logging(secrets=_configured_secrets(settings))
     validate_configs(settings.adapters, read_secret)
     host, port = settings.server.host, settings.server.port
     if not settings.auth.keys:
@@ -200,6 +217,15 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    key = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    print(f"key (give it to the {args.role}; it is not stored anywhere):\n  {key}\n")
+    print("config (add to the [auth] part of fencegate.toml):")
+    print(f'[[auth.keys]]\nrole = "{args.role}"\nsha256 = "{digest}"\ntenant = "{args.tenant}"')
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import main as demo_main
 
@@ -291,6 +317,12 @@ def _after(a: str, b: str) -> bool:
     return tuple(map(int, a.split("-"))) > tuple(map(int, b.split("-")))
 
 
+def _tenant(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise argparse.ArgumentTypeError(f"tenant must match {NAME_RE.pattern}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fencegate", description="A fencing-token gateway for side effects."
@@ -319,6 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file")
     check.set_defaults(func=cmd_check_config)
+
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(
+        dest="keys_command", required=True
+    )
+    new = keys.add_parser("new", help="print a fresh key and its config lines")
+    new.add_argument("--role", required=True, choices=["worker", "scheduler", "auditor", "admin"])
+    new.add_argument("--tenant", default="default", type=_tenant)
+    new.set_defaults(func=cmd_keys_new)
 
     demo = sub.add_parser("demo", help="run the zombie-worker timeline end to end, locally")
     demo.set_defaults(func=cmd_demo)

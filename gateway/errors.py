@@ -19,6 +19,7 @@ gateway decided::
     │   ├── LeaseExpired              lease_expired
     │   ├── JobCancelled              job_cancelled
     │   ├── GenerationRegression      generation_regression
+    │   ├── GenerationExhausted       generation_exhausted (fence is 2^53-1: nothing to allocate)
     │   └── IntentMismatch        422 intent_mismatch
     ├── EffectInProgress          409 effect_in_progress (Retry-After)
     ├── OutcomeUnknown            409 outcome_unknown (504 when this call timed out)
@@ -42,6 +43,7 @@ __all__ = [
     "FencegateError",
     "Forbidden",
     "GatewayUnreachable",
+    "GenerationExhausted",
     "GenerationRegression",
     "IntentMismatch",
     "InternalError",
@@ -169,6 +171,11 @@ class JobCancelled(Rejection):
 class GenerationRegression(Rejection):
     code = "generation_regression"
     title = "Generation is below the job's fence"
+
+
+class GenerationExhausted(Rejection):
+    code = "generation_exhausted"
+    title = "The job's fence is the largest generation; no next one can be allocated"
 
 
 class IntentMismatch(Rejection):

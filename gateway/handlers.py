@@ -132,6 +132,29 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def check_shape(data: Any, *, max_depth: int, max_items: int, max_string: int) -> None:
+    """Refuse JSON deeper, larger or with longer strings than configured (iteratively)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    items = 0
+    while stack:
+        node, depth = stack.pop()
+        items += 1
+        if items > max_items:
+            raise InvalidRequest(f"the body has more than {max_items} JSON values")
+        if isinstance(node, str):
+            if len(node) > max_string:  # characters <= bytes; a cheap first bound
+                raise InvalidRequest(f"a string is longer than {max_string} characters")
+            continue
+        if isinstance(node, dict | list):
+            if depth > max_depth:
+                raise InvalidRequest(f"the body nests deeper than {max_depth} levels")
+            children = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, value in children:
+                if isinstance(key, str) and len(key) > max_string:
+                    raise InvalidRequest(f"a key is longer than {max_string} characters")
+                stack.append((value, depth + 1))
+
+
 async def _body(request: web.Request, model: type[BaseModel], *, empty_ok: bool = False) -> Any:
     limit = request.app[K.SETTINGS].server.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -146,8 +169,17 @@ async def _body(request: web.Request, model: type[BaseModel], *, empty_ok: bool 
         raise InvalidRequest("a JSON body is required")
     try:
         data = json.loads(raw, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise InvalidRequest("the body nests too deeply") from exc
+    except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    server = request.app[K.SETTINGS].server
+    check_shape(
+        data,
+        max_depth=server.max_json_depth,
+        max_items=server.max_json_items,
+        max_string=server.max_string_bytes,
+    )
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -46,6 +46,10 @@ class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 262_144
+    # Bounds on a JSON body's shape: nesting depth, values in total, one string's length.
+    max_json_depth: Annotated[int, Field(ge=2, le=512)] = 32
+    max_json_items: Annotated[int, Field(ge=10, le=1_000_000)] = 10_000
+    max_string_bytes: Annotated[int, Field(ge=16, le=64 * 1024 * 1024)] = 65_536
     # /metrics answers only peers on a loopback address unless this is true
     # (put it behind your scrape network's own controls before enabling).
     metrics_public: bool = False

@@ -33,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.errors import (
     BadToken,
     FencegateError,
+    GenerationExhausted,
     GenerationRegression,
     IntentMismatch,
     JobCancelled,
@@ -185,6 +186,7 @@ _REJECTIONS: dict[str, type[FencegateError]] = {
         LeaseExpired,
         JobCancelled,
         GenerationRegression,
+        GenerationExhausted,
         IntentMismatch,
     )
 }
@@ -195,6 +197,7 @@ _DETAILS = {
     "lease_expired": "the lease of generation {p} ran out without renewal",
     "job_cancelled": "the job was cancelled",
     "generation_regression": "generation {p} is below the job's fence {c}",
+    "generation_exhausted": "the job's fence {c} is the largest generation; nothing to allocate",
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
     "bad_token": "the fencing token is not valid",
 }

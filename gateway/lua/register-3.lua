@@ -34,7 +34,7 @@ if job[2] == '1' then return reject('job_cancelled') end
 local gen
 if presented == '' then
   gen = fence + 1
-  if gen > tonumber(ARGV[6]) then return redis.error_reply('generation space exhausted') end
+  if gen > tonumber(ARGV[6]) then return reject('generation_exhausted') end
 else
   gen = tonumber(presented)
 end

@@ -9,6 +9,15 @@ import pytest
 from tests.conftest import Gateway, Upstream
 
 LONG = "j" * 129
+
+
+def json_nest(depth: int) -> Any:
+    node: Any = "leaf"
+    for _ in range(depth):
+        node = {"n": node}
+    return node
+
+
 MAX_SAFE = 2**53 - 1
 
 
@@ -187,6 +196,9 @@ async def test_max_generation_is_accepted(gw: Gateway) -> None:
     assert resp.status == 201 and (await resp.json())["generation"] == MAX_SAFE
     assert (await gw.effect("r", "s", MAX_SAFE)).status == 200
     assert (await (await gw.client.get("/v1/jobs/r")).json())["fence"] == MAX_SAFE
+    # found by schemathesis: allocating past the largest generation was a 500
+    resp = await gw.register("r")
+    assert resp.status == 409 and (await resp.json())["code"] == "generation_exhausted"
 
 
 @pytest.mark.parametrize(
@@ -211,3 +223,23 @@ async def test_unknown_route_and_method_are_problems(gw: Gateway) -> None:
     assert (
         resp.status == 405 and (await resp.json(content_type=None))["code"] == "method_not_allowed"
     )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"deep": json_nest(40)},
+        {"many": list(range(20_000))},
+        {"long": "x" * 70_000},
+        {"k" * 70_000: 1},
+    ],
+)
+async def test_json_shape_limits(
+    make_gateway: Any, upstream: Upstream, redis_sync: Any, payload: Any
+) -> None:
+    gw: Gateway = await make_gateway(server={"max_body_bytes": 1_000_000})
+    await gw.register("r", generation=1)
+    call = gw.client.post(
+        "/v1/jobs/r/effects/s", json={**EFFECT, "payload": payload}, headers={"Fencing-Token": "1"}
+    )
+    await assert_untouched(gw, upstream, redis_sync, call, 400, "invalid_request")
