@@ -52,6 +52,8 @@ class AdapterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: str
+    # Send "<tenant>/<job>:<step>" as the key, for a downstream shared by several tenants.
+    tenant_in_key: bool = False
 
 
 @dataclass(frozen=True, slots=True)

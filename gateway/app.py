@@ -154,6 +154,9 @@ def create_app(
             adapters,
             app[K.METRICS],
             dispatch_timeout_seconds=settings.fencing.dispatch_timeout_seconds,
+            tenant_keyed=frozenset(
+                n for n, s in settings.adapters.items() if s.get("tenant_in_key")
+            ),
         )
         yield
         remaining = await app[K.SERVICE].drain(settings.fencing.dispatch_timeout_seconds)

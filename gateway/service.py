@@ -75,9 +75,11 @@ class EffectService:
         metrics: Metrics,
         *,
         dispatch_timeout_seconds: float,
+        tenant_keyed: frozenset[str] = frozenset(),
     ) -> None:
         self._store = store
         self._adapters = adapters
+        self._tenant_keyed = tenant_keyed
         self._metrics = metrics
         self._timeout = dispatch_timeout_seconds
         self._inflight: set[asyncio.Task[EffectResult]] = set()
@@ -138,7 +140,11 @@ class EffectService:
             job_id=keys.job_id,
             step=step,
             generation=generation,
-            idempotency_key=f"{keys.job_id}:{step}",
+            idempotency_key=(
+                f"{keys.tenant}/{keys.job_id}:{step}"
+                if adapter_name in self._tenant_keyed
+                else f"{keys.job_id}:{step}"
+            ),
             operation=operation,
             payload=payload,
             # Monotonic and started before the admit: never later than Redis's deadline.

@@ -115,3 +115,51 @@ async def test_tenants_are_separate_namespaces(secured: Gateway, upstream: Upstr
     assert [e["reason"] for e in other_audit["items"]] == ["unregistered_generation"]
     assert acme_audit["items"] == []
     assert len(upstream.received) == 1
+
+
+async def test_tenant_prefix_in_key_only_where_configured(
+    make_gateway: Any, upstream: Upstream
+) -> None:
+    sections = auth_section()
+    gw: Gateway = await make_gateway(
+        auth=sections,
+        adapters={"shared": {"type": "webhook", "url": upstream.url, "tenant_in_key": True}},
+    )
+    c = gw.client
+    for tenant_sched, tenant_worker in (
+        ("scheduler", "worker"),
+        ("other-scheduler", "other-worker"),
+    ):
+        await c.post("/v1/jobs/r/generations", json={"generation": 1}, headers=bearer(tenant_sched))
+        for adapter in ("hook", "shared"):
+            resp = await c.post(
+                "/v1/jobs/r/effects/" + adapter,
+                json={"adapter": adapter, "operation": "x", "payload": {}},
+                headers={**bearer(tenant_worker), "Fencing-Token": "1"},
+            )
+            assert resp.status == 200
+    keys = [r.headers["Idempotency-Key"] for r in upstream.received]
+    assert keys == ["r:hook", "acme/r:shared", "r:hook", "other/r:shared"]
+
+
+def test_keys_new_prints_a_working_key_and_config(tmp_path: Any) -> None:
+    import hashlib
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", "new", "--role", "auditor", "--tenant", "acme"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    key = lines[1].strip()
+    digest = next(line for line in lines if line.startswith("sha256")).split('"')[1]
+    assert hashlib.sha256(key.encode()).hexdigest() == digest and len(key) >= 40
+    assert 'role = "auditor"' in out.stdout and 'tenant = "acme"' in out.stdout
+    cfg = tmp_path / "k.toml"
+    cfg.write_text("\n".join(lines[lines.index("[[auth.keys]]") :]) + "\n")
+    check = subprocess.run(
+        [sys.executable, "-m", "gateway", "check-config", str(cfg)], capture_output=True, text=True
+    )
+    assert check.returncode == 0 and "1 keys" in check.stdout
