@@ -163,3 +163,40 @@ def test_keys_new_prints_a_working_key_and_config(tmp_path: Any) -> None:
         [sys.executable, "-m", "gateway", "check-config", str(cfg)], capture_output=True, text=True
     )
     assert check.returncode == 0 and "1 keys" in check.stdout
+
+
+async def test_every_endpoint_probed_from_another_tenant_leaves_acme_untouched(
+    secured: Gateway, upstream: Upstream, redis_sync: Any
+) -> None:
+    c = secured.client
+    await c.post(
+        "/v1/jobs/r/effects/s", json=EFFECT, headers={**bearer("worker"), "Fencing-Token": "1"}
+    )
+    before = {k: redis_sync.dump(k) for k in redis_sync.keys("fg:{acme/r}*")}
+    sent = len(upstream.received)
+    role_for = {
+        "scheduler": "other-scheduler",
+        "worker": "other-worker",
+        "auditor": "other-auditor",
+    }
+    probes = 0
+    # reads and worker calls first: "other" has no job r of its own yet, so each must miss
+    # or be refused; its scheduler calls then act on its own namespace only
+    ordered = sorted(
+        ENDPOINTS, key=lambda e: (e[0] != "GET", "generations" in e[1] or "cancel" in e[1])
+    )
+    for method, path, body, allowed in ordered:
+        for role in allowed:
+            resp = await c.request(
+                method, path, json=body, headers={**bearer(role_for[role]), "Fencing-Token": "1"}
+            )
+            probes += 1
+            if method == "GET" and path != "/v1/audit/rejections":
+                assert resp.status == 404, (role, path)  # acme's job does not exist for "other"
+            elif path == "/v1/audit/rejections":
+                assert (await resp.json())["items"] == []  # none of acme's entries
+            elif path.endswith(("/fence", "/effects/s")):
+                assert resp.status == 409, (role, path)  # no generation 1 in "other"
+    assert probes == 9
+    assert {k: redis_sync.dump(k) for k in redis_sync.keys("fg:{acme/r}*")} == before
+    assert len(upstream.received) == sent
