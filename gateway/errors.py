@@ -23,6 +23,7 @@ gateway decided::
     │   └── IntentMismatch        422 intent_mismatch
     ├── EffectInProgress          409 effect_in_progress (Retry-After)
     ├── OutcomeUnknown            409 outcome_unknown (504 when this call timed out)
+    ├── EffectNotUnknown          409 effect_not_unknown (resolve: the outcome is known)
     ├── UnknownAdapter            422 unknown_adapter
     ├── EffectFailed              424 effect_failed
     ├── AdapterUnavailable        502 adapter_unavailable
@@ -40,6 +41,7 @@ __all__ = [
     "BadToken",
     "EffectFailed",
     "EffectInProgress",
+    "EffectNotUnknown",
     "FencegateError",
     "Forbidden",
     "GatewayUnreachable",
@@ -194,6 +196,12 @@ class OutcomeUnknown(FencegateError):
     code = "outcome_unknown"
     status = 409
     title = "The outcome of this step is not known"
+
+
+class EffectNotUnknown(FencegateError):
+    code = "effect_not_unknown"
+    status = 409
+    title = "Only a step whose outcome is unknown can be resolved"
 
 
 class UnknownAdapter(FencegateError):

@@ -34,6 +34,7 @@ from gateway.models import (
     JobOut,
     ReadyOut,
     RegisterBody,
+    ResolveBody,
     iso_ms,
 )
 from gateway.settings import NAME_RE
@@ -278,6 +279,20 @@ async def get_effect(request: web.Request) -> web.Response:
     return respond(_record_out(keys.job_id, step, record))
 
 
+async def resolve_effect(request: web.Request) -> web.Response:
+    keys = _job(request, "auditor")
+    step = _step(request)
+    body: ResolveBody = await _body(request, ResolveBody)
+    if body.outcome == "not_delivered" and body.result is not None:
+        raise InvalidRequest("a result only goes with outcome 'delivered'")
+    principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
+    record = await request.app[K.STORE].resolve(
+        keys, step, delivered=body.outcome == "delivered", result=body.result,
+        operator=f"operator:{principal.role}",
+    )  # fmt: skip
+    return respond(_record_out(keys.job_id, step, record))
+
+
 async def get_job(request: web.Request) -> web.Response:
     keys = _job(request, "scheduler", "auditor")
     view = await request.app[K.STORE].job(keys)
@@ -411,6 +426,16 @@ ROUTES: tuple[Route, ...] = (
         roles=("worker", "auditor"),
         responses={200: EffectRecordOut},
         problems=(400, 401, 403, 404, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job}/effects/{step}/resolve",
+        resolve_effect,
+        "Operator resolution of a step whose outcome is unknown (audited)",
+        roles=("auditor",),
+        body=ResolveBody,
+        responses={200: EffectRecordOut},
+        problems=(400, 401, 403, 404, 409, 413, 503),
     ),
     Route(
         "GET",

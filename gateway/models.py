@@ -23,6 +23,7 @@ __all__ = [
     "Problem",
     "ReadyOut",
     "RegisterBody",
+    "ResolveBody",
     "iso_ms",
 ]
 
@@ -56,6 +57,15 @@ class EffectBody(_In):
     adapter: str = Field(pattern=NAME_PATTERN)
     operation: str = Field(min_length=1, max_length=128)
     payload: dict[str, Any]
+
+
+class ResolveBody(_In):
+    """An operator's finding for a step whose outcome is unknown."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    outcome: Literal["delivered", "not_delivered"]
+    result: Any = None
 
 
 class GenerationOut(BaseModel):

@@ -32,12 +32,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import (
     BadToken,
+    EffectNotUnknown,
     FencegateError,
     GenerationExhausted,
     GenerationRegression,
     IntentMismatch,
     JobCancelled,
     LeaseExpired,
+    NotFound,
     StaleGeneration,
     StoreUnavailable,
     UnregisteredGeneration,
@@ -58,7 +60,15 @@ __all__ = [
 
 T = TypeVar("T")
 
-SCRIPT_NAMES = ("admit-5", "record-1", "register-3", "heartbeat-3", "cancel-2", "reject-3")
+SCRIPT_NAMES = (
+    "admit-5",
+    "record-1",
+    "register-3",
+    "heartbeat-3",
+    "cancel-2",
+    "reject-3",
+    "resolve-4",
+)
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
 
@@ -331,6 +341,22 @@ class Store:
 
     # -- decisions -----------------------------------------------------------
 
+    async def _to_feed(self, keys: JobKeys, audit_id: str, **fields: str) -> None:
+        """Copy a job's audit entry into the tenant-wide feed (trimmed by age)."""
+        entry: dict[Any, Any] = {
+            "at": audit_id.split("-")[0],
+            "tenant": keys.tenant,
+            "job_id": keys.job_id,
+            "job_audit_id": audit_id,
+            **fields,
+        }
+        min_id = f"{int(time.time() * 1000) - self._retention_ms}-0"
+        await self._guard(
+            lambda: self._client.xadd(
+                audit_feed(keys.tenant), entry, minid=min_id, approximate=True
+            )
+        )
+
     async def _rejected(
         self,
         keys: JobKeys,
@@ -348,24 +374,10 @@ class Store:
         the audit log can be listed across jobs without touching many slots.
         """
         _, reason, presented, current, audit_id, pinned = reply
-        entry: dict[Any, Any] = {
-            "at": str(audit_id).split("-")[0],
-            "tenant": keys.tenant,
-            "job_id": keys.job_id,
-            "step": step,
-            "reason": reason,
-            "presented": presented,
-            "current": current,
-            "worker_id": worker_id,
-            "adapter": adapter,
-            "job_audit_id": audit_id,
-        }
-        min_id = f"{int(time.time() * 1000) - self._retention_ms}-0"
-        await self._guard(
-            lambda: self._client.xadd(
-                audit_feed(keys.tenant), entry, minid=min_id, approximate=True
-            )
-        )
+        await self._to_feed(
+            keys, str(audit_id), step=step, reason=reason, presented=presented, current=current,
+            worker_id=worker_id, adapter=adapter,
+        )  # fmt: skip
         fields: dict[str, Any] = {
             "presented": int(presented) if presented else None,
             "current": int(current),
@@ -434,6 +446,42 @@ class Store:
         return await self._rejected(
             keys, reply, step=step, worker_id=worker_id, adapter=adapter, detail=err.detail
         )
+
+    async def resolve(
+        self, keys: JobKeys, step: str, *, delivered: bool, result: Any, operator: str
+    ) -> EffectRecord:
+        """Record an operator's finding for an ``unknown`` step (audited)."""
+        reply = await self._run(
+            "resolve-4",
+            (keys.effect(step), keys.job, keys.audit, keys.marker),
+            (
+                "delivered" if delivered else "not_delivered",
+                "" if result is None else json.dumps(result, separators=(",", ":")),
+                keys.job_id,
+                step,
+                keys.tenant,
+                self._retention,
+                operator,
+            ),
+        )
+        code = int(reply[0])
+        if code == 1:
+            raise NotFound(f"no effect recorded for {keys.job_id}:{step}")
+        if code == 2:
+            raise EffectNotUnknown(
+                f"the step is {reply[1]}: only an unknown outcome can be resolved", state=reply[1]
+            )
+        outcome = "delivered" if delivered else "not_delivered"
+        await self._to_feed(
+            keys,
+            str(reply[2]),
+            step=step,
+            reason=f"operator_resolved_{outcome}",
+            worker_id=operator,
+        )
+        record = await self.effect(keys, step)
+        assert record is not None
+        return record
 
     async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
         """Cancel the job; returns (fence, was_already_cancelled)."""
