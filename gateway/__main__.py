@@ -153,7 +153,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             port=port,
             print=None,
             access_log=None,
-            shutdown_timeout=settings.fencing.dispatch_timeout_seconds,
+            shutdown_timeout=settings.server.shutdown_grace_seconds,
         )
         return EXIT_OK
     except EmbeddedRedisError as exc:

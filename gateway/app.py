@@ -159,9 +159,9 @@ def create_app(
             ),
         )
         yield
-        remaining = await app[K.SERVICE].drain(settings.fencing.dispatch_timeout_seconds)
-        if remaining:
-            log.warning("shutdown_with_inflight_dispatches", count=remaining)
+        cut = await app[K.SERVICE].drain(settings.server.shutdown_grace_seconds)
+        if cut:
+            log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
         for adapter in adapters.values():
             await adapter.aclose()
         await http.close()

@@ -82,7 +82,8 @@ class EffectService:
         self._tenant_keyed = tenant_keyed
         self._metrics = metrics
         self._timeout = dispatch_timeout_seconds
-        self._inflight: set[asyncio.Task[EffectResult]] = set()
+        # in-flight dispatch -> what to record if shutdown cuts it short
+        self._inflight: dict[asyncio.Task[EffectResult], tuple[JobKeys, str, str]] = {}
 
     def adapter(self, name: str) -> Adapter:
         try:
@@ -151,8 +152,8 @@ class EffectService:
             deadline=started + self._timeout,
         )
         task = asyncio.create_task(self._dispatch(keys, adapter, request, verdict))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+        self._inflight[task] = (keys, step, verdict.dispatch_id)
+        task.add_done_callback(lambda t: self._inflight.pop(t, None))
         return await asyncio.shield(task)
 
     def _replay(self, keys: JobKeys, step: str, record: EffectRecord) -> EffectResult:
@@ -303,9 +304,22 @@ class EffectService:
         )
 
     async def drain(self, within: float) -> int:
-        """Wait for in-flight dispatches to record their outcomes; return how many remain."""
-        pending = set(self._inflight)
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=within)
-            return len(still)
-        return 0
+        """Let in-flight dispatches finish and record their outcomes, for up to ``within``
+        seconds; cancel the rest and record them as ``unknown``. Returns how many were cut."""
+        pending = dict(self._inflight)
+        if not pending:
+            return 0
+        _, still = (
+            await asyncio.wait(pending, timeout=within) if within > 0 else (set(), set(pending))
+        )
+        for task in still:
+            keys, step, dispatch_id = pending[task]
+            task.cancel()
+            try:
+                await self._store.record(
+                    keys, step, dispatch_id, "unknown",
+                    error={"reason": "the gateway shut down before the outcome was known"},
+                )  # fmt: skip
+            except StoreUnavailable:
+                log.error("shutdown_record_failed", key=f"{keys.job_id}:{step}")
+        return len(still)

@@ -50,6 +50,9 @@ class ServerSettings(_Section):
     max_json_depth: Annotated[int, Field(ge=2, le=512)] = 32
     max_json_items: Annotated[int, Field(ge=10, le=1_000_000)] = 10_000
     max_string_bytes: Annotated[int, Field(ge=16, le=64 * 1024 * 1024)] = 65_536
+    # On SIGTERM: how long in-flight dispatches may take to finish and record their
+    # outcome; the rest are recorded as unknown.
+    shutdown_grace_seconds: Annotated[float, Field(ge=0, le=3600)] = 10.0
     # /metrics answers only peers on a loopback address unless this is true
     # (put it behind your scrape network's own controls before enabling).
     metrics_public: bool = False

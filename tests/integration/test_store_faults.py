@@ -3,6 +3,7 @@ on a store the gateway cannot trust (I7), and calls recover when Redis does."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -143,3 +144,32 @@ def test_fence_survives_restart_on_disk(tmp_path: Path) -> None:
         assert c.config_get("appendfsync")["appendfsync"] == "always"
         assert c.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
         c.close()
+
+
+async def test_shutdown_lets_inflight_dispatch_finish_and_record(
+    make_gateway: Any, upstream: Upstream, redis_sync: Any
+) -> None:
+    gw: Gateway = await make_gateway(server={"shutdown_grace_seconds": 5})
+    await gw.register("r", generation=1)
+    upstream.delay = 0.3
+    call = asyncio.create_task(gw.effect("r", "s", 1))
+    await upstream.arrived.wait()
+    await gw.app.shutdown()
+    await gw.app.cleanup()
+    assert redis_sync.hget("fg:{default/r}:fx:s", "state") == "succeeded"
+    call.cancel()
+
+
+async def test_shutdown_bound_records_the_rest_as_unknown(
+    make_gateway: Any, upstream: Upstream, redis_sync: Any
+) -> None:
+    gw: Gateway = await make_gateway(server={"shutdown_grace_seconds": 0.2})
+    await gw.register("r", generation=1)
+    upstream.behaviour = "hang"
+    call = asyncio.create_task(gw.effect("r", "s", 1))
+    await upstream.arrived.wait()
+    await gw.app.shutdown()
+    await gw.app.cleanup()
+    effect = redis_sync.hgetall("fg:{default/r}:fx:s")
+    assert effect["state"] == "unknown" and "shut down" in effect["error"]
+    call.cancel()
