@@ -165,6 +165,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log.info("embedded_redis_stopped")
 
 
+def _cli_redis_url(settings: Settings) -> tuple[str, EmbeddedRedis | None]:
+    """The Redis a CLI command should use: the configured one, a running gateway's
+    embedded one (its socket), or a freshly started embedded one."""
+    if settings.redis.url:
+        return settings.redis.url, None
+    sock = Path(settings.redis.data_dir).resolve() / "redis.sock"
+    if sock.exists():
+        try:
+            client = redis.Redis(unix_socket_path=str(sock), socket_timeout=2)
+            client.ping()
+            client.close()
+            return f"unix://{sock}", None
+        except (redis.exceptions.ConnectionError, OSError):
+            pass
+    embedded = EmbeddedRedis(settings.redis.data_dir)
+    return embedded.start(), embedded
+
+
 async def _init(url: str, state_file: Path, confirm: bool) -> str:
     from gateway.store import Store, connect
 
@@ -186,12 +204,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging()
     data_dir = Path(settings.redis.data_dir)
-    embedded = None
+    url, embedded = _cli_redis_url(settings)
     try:
-        url = settings.redis.url
-        if not url:
-            embedded = EmbeddedRedis(data_dir)
-            url = embedded.start()
         result = asyncio.run(_init(url, data_dir / "fencegate.state", args.confirm_data_loss))
     finally:
         if embedded is not None:
@@ -277,8 +291,39 @@ def cmd_job(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_audit_verify(args: argparse.Namespace) -> int:
+    from gateway.store import Store, connect
+
+    settings = _settings(args)
+    url, embedded = _cli_redis_url(settings)
+
+    async def run() -> Any:
+        client = connect(url, timeout=10, max_connections=2)
+        try:
+            store = Store(
+                client, registration="required", dispatch_timeout_ms=1, retention_seconds=60
+            )
+            return await store.verify_audit()
+        finally:
+            await client.aclose()
+
+    try:
+        check = asyncio.run(run())
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    for problem in check.broken:
+        print(f"BROKEN  {problem}")
+    state = "intact" if not check.broken else f"{len(check.broken)} problems"
+    print(f"audit chains: {check.jobs} jobs, {check.entries} entries, {state}")
+    return EXIT_OK if not check.broken else EXIT_RUNTIME
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from gateway.client import Scheduler
+
+    if args.action == "verify":
+        return cmd_audit_verify(args)
 
     header = ["at", "job", "step", "reason", "presented", "current", "worker"]
 
@@ -374,6 +419,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("job_id")
             p.set_defaults(func=cmd_job)
         else:
+            p.add_argument(
+                "action",
+                nargs="?",
+                choices=["verify"],
+                help="verify: check the audit hash chains in Redis",
+            )
+            p.add_argument("--config", help="TOML config file (verify)")
+            p.add_argument("--redis-url", help="Redis to verify (default: from the config)")
             p.add_argument("--job", help="only this job")
             p.add_argument("--limit", type=int, default=50)
             p.add_argument("--follow", action="store_true", help="keep printing new rejections")

@@ -14,6 +14,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -49,6 +50,7 @@ from gateway.tokens import MAX_GENERATION
 
 __all__ = [
     "Admitted",
+    "AuditCheck",
     "AuditEntry",
     "EffectRecord",
     "InProgress",
@@ -211,6 +213,18 @@ _DETAILS = {
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
     "bad_token": "the fencing token is not valid",
 }
+
+
+def chain_hash(fields: Sequence[tuple[str, str]]) -> str:
+    """The audit chain's hash of one entry: SHA-1 over its "name=value" lines (before 'hash')."""
+    return hashlib.sha1("\n".join(f"{k}={v}" for k, v in fields).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditCheck:
+    jobs: int
+    entries: int
+    broken: list[str]
 
 
 def _lua_source(name: str) -> str:
@@ -591,6 +605,35 @@ class Store:
             cancelled=job.get("cancelled") == "1",
             effects=effects,
         )
+
+    async def verify_audit(self) -> AuditCheck:
+        """Recompute every job's audit hash chain (``fencegate audit verify``)."""
+        jobs = entries = 0
+        broken: list[str] = []
+
+        async def run() -> None:
+            nonlocal jobs, entries
+            async for stream in self._client.scan_iter(match="fg:{*}:audit", count=1000):
+                jobs += 1
+                # decode_responses=True: every key, field and value is a str
+                rows: list[tuple[str, dict[str, str]]] = await self._client.xrange(stream)  # type: ignore[assignment]
+                prev: str | None = None
+                for entry_id, fields in rows:
+                    entries += 1
+                    items = [(k, v) for k, v in fields.items() if k != "hash"]
+                    if chain_hash(items) != fields.get("hash"):
+                        broken.append(f"{stream} {entry_id}: entry altered")
+                    if prev is not None and fields.get("prev") != prev:
+                        broken.append(f"{stream} {entry_id}: previous entry missing or altered")
+                    prev = fields.get("hash")
+                head: str | None = await self._client.hget(  # type: ignore[assignment]
+                    stream[: -len(":audit")] + ":job", "audit_head"
+                )
+                if rows and head != prev:
+                    broken.append(f"{stream}: newest entries missing (chain head {head})")
+
+        await self._guard(run)
+        return AuditCheck(jobs, entries, broken)
 
     async def audit(
         self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None

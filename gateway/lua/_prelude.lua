@@ -23,10 +23,22 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- Append a rejection to the job's audit stream (same slot as the decision).
--- fields: flat list of name, value pairs. Returns the entry id.
-local function audit(stream, retention, now, fields)
-  local id = redis.call('XADD', stream, '*', 'at', fmt(now), unpack(fields))
+-- Append an entry to the job's audit stream (same slot as the decision), chained:
+-- each entry carries the hash of the previous one ('prev') and its own ('hash' =
+-- sha1 over "name=value" lines of every field before it). The chain head lives in
+-- the job hash. fields: flat list of name, value pairs. Returns the entry id.
+local function audit(stream, job, retention, now, fields)
+  local all = {'at', fmt(now)}
+  for i = 1, #fields do all[#all + 1] = fields[i] end
+  all[#all + 1] = 'prev'
+  all[#all + 1] = redis.call('HGET', job, 'audit_head') or ''
+  local lines = {}
+  for i = 1, #all, 2 do lines[#lines + 1] = all[i] .. '=' .. all[i + 1] end
+  local hash = redis.sha1hex(table.concat(lines, '\n'))
+  all[#all + 1] = 'hash'
+  all[#all + 1] = hash
+  local id = redis.call('XADD', stream, '*', unpack(all))
+  redis.call('HSET', job, 'audit_head', hash)
   redis.call('EXPIRE', stream, retention)
   return id
 end

@@ -35,7 +35,7 @@ local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
 local fence = tonumber(job[1]) or 0
 
 local function reject(reason, pinned)
-  local id = audit(KEYS[3], ARGV[8], now, {
+  local id = audit(KEYS[3], KEYS[1], ARGV[8], now, {
     'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', reason,
     'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[12], 'adapter', ARGV[4]})
   return {9, reason, ARGV[1], fmt(fence), id, pinned or ''}

@@ -22,7 +22,7 @@ local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp', 'lea
 local fence = tonumber(job[1]) or 0
 
 local function reject(reason)
-  local id = audit(KEYS[2], ARGV[6], now, {
+  local id = audit(KEYS[2], KEYS[1], ARGV[6], now, {
     'tenant', ARGV[5], 'job_id', ARGV[3], 'step', '', 'reason', reason,
     'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[4], 'adapter', ''})
   return {9, reason, ARGV[1], fmt(fence), id, ''}

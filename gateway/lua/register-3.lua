@@ -23,7 +23,7 @@ local fence = tonumber(job[1]) or 0
 local presented = ARGV[1]
 
 local function reject(reason)
-  local id = audit(KEYS[2], ARGV[5], now, {
+  local id = audit(KEYS[2], KEYS[1], ARGV[5], now, {
     'tenant', ARGV[4], 'job_id', ARGV[3], 'step', '', 'reason', reason,
     'presented', presented, 'current', fmt(fence), 'worker_id', '', 'adapter', ''})
   return {9, reason, presented, fmt(fence), id, ''}

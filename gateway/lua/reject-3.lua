@@ -17,7 +17,7 @@
 if redis.call('EXISTS', KEYS[3]) == 0 then return {8} end
 local now = now_ms()
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
-local id = audit(KEYS[2], ARGV[8], now, {
+local id = audit(KEYS[2], KEYS[1], ARGV[8], now, {
   'tenant', ARGV[7], 'job_id', ARGV[3], 'step', ARGV[4], 'reason', ARGV[1],
   'presented', ARGV[2], 'current', fmt(fence), 'worker_id', ARGV[5], 'adapter', ARGV[6]})
 return {9, ARGV[1], ARGV[2], fmt(fence), id, ''}

@@ -33,7 +33,7 @@ if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[2]) end
 redis.call('HDEL', KEYS[1], 'error')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 local fence = redis.call('HGET', KEYS[2], 'fence') or '0'
-local id = audit(KEYS[3], ARGV[6], now, {
+local id = audit(KEYS[3], KEYS[2], ARGV[6], now, {
   'tenant', ARGV[5], 'job_id', ARGV[3], 'step', ARGV[4], 'reason', 'operator_resolved_' .. ARGV[1],
   'presented', fx[3] or '', 'current', fence, 'worker_id', ARGV[7], 'adapter', fx[4] or ''})
 return {0, new_state, id}
