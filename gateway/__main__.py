@@ -14,9 +14,11 @@ import contextlib
 import hashlib
 import ipaddress
 import os
+import random
 import secrets
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,20 @@ def _configured_secrets(settings: Settings) -> list[str]:
     return values
 
 
+def _crash_hook(args: argparse.Namespace) -> Callable[[str], None] | None:
+    """Chaos testing: SIGKILL this process at a named point with some probability."""
+    point, rate = args.chaos_crash_at, args.chaos_crash_rate
+    if not point:
+        return None
+    rng = random.Random()
+
+    def crash(at: str) -> None:
+        if at == point and rng.random() < rate:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return crash
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(secrets=_configured_secrets(settings))
@@ -139,7 +155,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
         from gateway.app import create_app
 
-        app = create_app(settings, redis_url=url, state_file=data_dir / "fencegate.state")
+        app = create_app(
+            settings,
+            redis_url=url,
+            state_file=data_dir / "fencegate.state",
+            crash_hook=_crash_hook(args),
+        )
         log.info(
             "listening",
             host=host,
@@ -383,6 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-volatile-redis", action="store_true", help="start even if Redis is not durable"
     )
+    # chaos testing only: die at a point of the effect flow
+    serve.add_argument(
+        "--chaos-crash-at",
+        choices=["before_admit", "after_admit", "after_dispatch", "after_record"],
+        help=argparse.SUPPRESS,
+    )
+    serve.add_argument("--chaos-crash-rate", type=float, default=1.0, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
     init = sub.add_parser("init", help="write the durability marker")

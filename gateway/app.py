@@ -90,6 +90,7 @@ def create_app(
     redis_url: str,
     state_file: Path | None = None,
     secret: SecretReader = read_secret,
+    crash_hook: Callable[[str], None] | None = None,
 ) -> web.Application:
     """Build the gateway. Adapter configs are validated here, before anything starts."""
     validate_configs(settings.adapters, secret)
@@ -157,6 +158,7 @@ def create_app(
             tenant_keyed=frozenset(
                 n for n, s in settings.adapters.items() if s.get("tenant_in_key")
             ),
+            crash_hook=crash_hook,
         )
         yield
         cut = await app[K.SERVICE].drain(settings.server.shutdown_grace_seconds)

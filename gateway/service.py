@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +76,13 @@ class EffectService:
         *,
         dispatch_timeout_seconds: float,
         tenant_keyed: frozenset[str] = frozenset(),
+        crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         self._adapters = adapters
         self._tenant_keyed = tenant_keyed
+        # Chaos testing only (serve --chaos-crash-at): may SIGKILL this process at a point.
+        self._crash = crash_hook or (lambda point: None)
         self._metrics = metrics
         self._timeout = dispatch_timeout_seconds
         # in-flight dispatch -> what to record if shutdown cuts it short
@@ -109,6 +112,7 @@ class EffectService:
             raise InvalidRequest(f"payload does not fit {adapter_name}.{operation}: {exc}") from exc
         digest = intent_digest(adapter_name, operation, payload)
         started = time.monotonic()
+        self._crash("before_admit")
         verdict = await self._store.admit(
             keys,
             step,
@@ -119,6 +123,7 @@ class EffectService:
             worker_id=worker_id or "",
             resolvable=adapter.capabilities.can_resolve,
         )
+        self._crash("after_admit")
         if isinstance(verdict, Replay):
             return self._replay(keys, step, verdict.record)
         if isinstance(verdict, InProgress):
@@ -186,7 +191,9 @@ class EffectService:
             replayed = isinstance(outcome, Delivered)
         if outcome is None:
             outcome = await self._send(adapter, request)
+        self._crash("after_dispatch")
         state = await self._record(keys, adapter.name, request, admitted.dispatch_id, outcome)
+        self._crash("after_record")
         return self._respond(keys, request, adapter.name, state, outcome, replayed)
 
     async def _resolve(self, adapter: Adapter, request: EffectRequest) -> Outcome | None:

@@ -356,7 +356,11 @@ class Store:
     # -- decisions -----------------------------------------------------------
 
     async def _to_feed(self, keys: JobKeys, audit_id: str, **fields: str) -> None:
-        """Copy a job's audit entry into the tenant-wide feed (trimmed by age)."""
+        """Copy a job's audit entry into the tenant-wide feed (trimmed by age).
+
+        Best effort: the entry is already in the job's stream, written atomically
+        with the decision, so a failed copy must not turn a true 409 into a 503.
+        """
         entry: dict[Any, Any] = {
             "at": audit_id.split("-")[0],
             "tenant": keys.tenant,
