@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import redis.asyncio as aioredis
+import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = structlog.get_logger("fencegate.store")
 
 SCRIPT_NAMES = (
     "admit-5",
@@ -369,11 +371,14 @@ class Store:
             **fields,
         }
         min_id = f"{int(time.time() * 1000) - self._retention_ms}-0"
-        await self._guard(
-            lambda: self._client.xadd(
-                audit_feed(keys.tenant), entry, minid=min_id, approximate=True
+        try:
+            await self._guard(
+                lambda: self._client.xadd(
+                    audit_feed(keys.tenant), entry, minid=min_id, approximate=True
+                )
             )
-        )
+        except StoreUnavailable:
+            log.warning("audit_feed_copy_failed", job_id=keys.job_id, audit_id=audit_id)
 
     async def _rejected(
         self,
