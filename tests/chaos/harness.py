@@ -302,12 +302,15 @@ class Chaos:
     async def zombie(self, http: aiohttp.ClientSession, i: int) -> None:
         """A holds g1 and wakes late; the scheduler registers g2 at some moment; B works as g2."""
         job, adapter = f"z{i}", self.rng.choice(["dedup", "plain"])
+        # half the time the zombie goes for a step B has not reached: the dangerous case,
+        # where nothing but the fence stands between it and a second, stale effect
+        step_a = self.rng.choice(["notify", "late"])
         await self.register(http, job, 1)
         delay_a, delay_reg = self.rng.random() * 0.03, self.rng.random() * 0.02
 
         async def worker_a() -> None:
             await asyncio.sleep(delay_a)
-            await self.effect(http, job, "notify", 1, adapter, "A")
+            await self.effect(http, job, step_a, 1, adapter, "A")
 
         async def takeover_b() -> None:
             await asyncio.sleep(delay_reg)
@@ -330,21 +333,31 @@ class Chaos:
         )
         assert proc.stdin and proc.stdout
         await proc.stdout.readline()  # ready
-        op = Op("effect", job, 1, "notify", "plain", "A", invoked=time.monotonic())
-        self.history.append(op)
-        payload = {"job": job, "step": "notify"}
+        step = self.rng.choice(["notify", "late"])
+        op = Op("effect", job, 1, step, "plain", "A")
+        payload = {"job": job, "step": step}
         req = {
-            "url": f"{self.gw.url}/v1/jobs/{job}/effects/notify",
+            "url": f"{self.gw.url}/v1/jobs/{job}/effects/{step}",
             "gen": 1,
             "body": {"adapter": "plain", "operation": "notify", "payload": payload},
         }
-        proc.stdin.write((json.dumps(req) + "\n").encode())
-        await proc.stdin.drain()
-        await asyncio.sleep(self.rng.random() * 0.004)
+        line = (json.dumps(req) + "\n").encode()
+        mid_request = self.rng.random() < 0.5
+        if mid_request:  # frozen somewhere in the middle of sending its call
+            op.invoked = time.monotonic()
+            self.history.append(op)
+            proc.stdin.write(line)
+            await proc.stdin.drain()
+            await asyncio.sleep(self.rng.random() * 0.004)
         proc.send_signal(signal.SIGSTOP)
         if (await self.register(http, job, 2)).status == 201:
             await self.effect(http, job, "notify", 2, "plain", "B")
         proc.send_signal(signal.SIGCONT)
+        if not mid_request:  # frozen before its call: it wakes up and acts as a pure zombie
+            op.invoked = time.monotonic()
+            self.history.append(op)
+            proc.stdin.write(line)
+            await proc.stdin.drain()
         out = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
         op.status, op.code, op.replayed, op.result = (
             out["status"],
