@@ -234,12 +234,15 @@ def cmd_init(args: argparse.Namespace) -> int:
     messages = {
         "present": "already initialised: the durability marker is present",
         "written": "initialised: durability marker written",
+        "stale_snapshot": "refused: this Redis is older than the one this gateway last saw "
+        "(restored from an old snapshot?); fences may have been lost. If you accept that, "
+        "run again with --confirm-data-loss (and re-register current generations).",
         "refused": "refused: this Redis holds fencegate data or was initialised before, but has no "
         "durability marker. Fences may have been lost. If you accept that, run again with "
         "--confirm-data-loss (and re-register current generations).",
     }
     print(messages[result])
-    return EXIT_REFUSED if result == "refused" else EXIT_OK
+    return EXIT_REFUSED if result in ("refused", "stale_snapshot") else EXIT_OK
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

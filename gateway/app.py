@@ -7,6 +7,8 @@ cleanup drains in-flight dispatches before the adapters close).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -129,7 +131,9 @@ def create_app(
         try:
             await store.load_scripts()
             result = await store.initialize(auto=True)
-            if result == "refused":
+            if result == "stale_snapshot":
+                pass  # logged by the store; every dispatch fails closed until init
+            elif result == "refused":
                 log.error(
                     "durability_marker_missing",
                     detail="Redis lost fencegate's data or was replaced; dispatching is refused "
@@ -140,7 +144,18 @@ def create_app(
         except StoreUnavailable as exc:
             log.warning("redis_unavailable_at_start", detail=exc.detail)
         app[K.STORE] = store
+
+        async def epochs() -> None:
+            while True:
+                await asyncio.sleep(settings.redis.epoch_interval_seconds)
+                with contextlib.suppress(StoreUnavailable):
+                    await store.heartbeat_epoch()
+
+        ticker = asyncio.create_task(epochs())
         yield
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
         await client.aclose()
 
     async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -14,6 +14,8 @@ so the tag is unambiguous.
 ``fg:audit:<t>``        stream: the tenant-wide audit feed (a copy of each entry,
                         appended right after the deciding script), trimmed by age.
 ``fg:marker``           the durability marker written by ``fencegate init``.
+``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
+                        the one a gateway last saw came back from an older snapshot.
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
                         init. Every deciding script checks the marker of its
                         own job's slot, so a wiped (or partly lost) Redis fails
@@ -29,9 +31,19 @@ import functools
 from binascii import crc_hqx
 from dataclasses import dataclass
 
-__all__ = ["MARKER", "SLOTS", "JobKeys", "audit_feed", "key_slot", "slot_marker", "slot_tags"]
+__all__ = [
+    "EPOCH",
+    "MARKER",
+    "SLOTS",
+    "JobKeys",
+    "audit_feed",
+    "key_slot",
+    "slot_marker",
+    "slot_tags",
+]
 
 MARKER = "fg:marker"
+EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
 PREFIX = "fg:"
 SLOTS = 16384
 

@@ -66,6 +66,8 @@ class RedisSettings(_Section):
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 64
     # Start even when an external Redis is not configured durably (warns loudly).
     allow_volatile: bool = False
+    # How often the gateway bumps the Redis epoch (detects restores of older snapshots).
+    epoch_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
 
 
 class FencingSettings(_Section):

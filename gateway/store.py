@@ -46,7 +46,7 @@ from gateway.errors import (
     StoreUnavailable,
     UnregisteredGeneration,
 )
-from gateway.keys import MARKER, PREFIX, SLOTS, JobKeys, audit_feed, slot_marker
+from gateway.keys import EPOCH, MARKER, PREFIX, SLOTS, JobKeys, audit_feed, slot_marker
 from gateway.tokens import MAX_GENERATION
 
 __all__ = [
@@ -316,7 +316,8 @@ class Store:
 
         async def run() -> str:
             if await self._client.get(MARKER) is not None and not confirm_data_loss:
-                self._record_state()
+                if not await self._epoch_check():
+                    return "stale_snapshot"
                 return "present"
             seen_before = self._state_file is not None and self._state_file.exists()
             if (seen_before or await self._has_fencegate_data()) and not confirm_data_loss:
@@ -328,15 +329,62 @@ class Store:
             for i in range(0, SLOTS, 2048):
                 await self._client.mset(dict.fromkeys(markers[i : i + 2048], value))
             await self._client.set(MARKER, value)
-            self._record_state()
+            # a fresh start: this Redis's epoch is the new baseline
+            self._write_state(int(await self._client.incr(EPOCH)))
             return "written"
 
         return await self._guard(run)
 
-    def _record_state(self) -> None:
-        if self._state_file is not None and not self._state_file.exists():
+    def _read_state(self) -> int:
+        """The highest Redis epoch this gateway has seen (0: none recorded)."""
+        if self._state_file is None or not self._state_file.exists():
+            return 0
+        try:
+            return int(json.loads(self._state_file.read_text(encoding="utf-8")).get("epoch", 0))
+        except (ValueError, AttributeError):
+            return 0
+
+    def _write_state(self, epoch: int) -> None:
+        if self._state_file is not None:
             self._state_file.parent.mkdir(parents=True, exist_ok=True)
-            self._state_file.write_text("initialised\n", encoding="utf-8")
+            tmp = self._state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"initialised": True, "epoch": epoch}), encoding="utf-8")
+            tmp.replace(self._state_file)
+
+    async def _epoch_check(self) -> bool:
+        """Detect a Redis restored from an older snapshot; bump the epoch otherwise.
+
+        The epoch counter lives in Redis and, as last seen, in the state file. A
+        Redis whose epoch is below what this gateway saw went back in time: fences
+        and outcomes written since may be gone. It is quarantined (its markers
+        removed, so every script fails closed) until ``init --confirm-data-loss``.
+        """
+        seen = self._read_state()
+        current = int(await self._client.get(EPOCH) or 0)
+        if current < seen:
+            await self._quarantine()
+            log.error(
+                "redis_older_than_last_seen",
+                redis_epoch=current,
+                last_seen_epoch=seen,
+                detail="Redis was restored from an older snapshot: dispatching is refused until "
+                "`fencegate init --confirm-data-loss`",
+            )
+            return False
+        self._write_state(int(await self._client.incr(EPOCH)))
+        return True
+
+    async def _quarantine(self) -> None:
+        await self._client.delete(MARKER)
+        markers = [slot_marker(slot) for slot in range(SLOTS)]
+        for i in range(0, SLOTS, 2048):
+            await self._client.delete(*markers[i : i + 2048])
+
+    async def heartbeat_epoch(self) -> bool:
+        """Periodic epoch check (the app runs it every few seconds)."""
+        if await self._guard(lambda: self._client.get(MARKER)) is None:
+            return False
+        return await self._guard(self._epoch_check)
 
     async def ready(self) -> dict[str, bool]:
         """Readiness: Redis answers, scripts loaded, durability marker present."""

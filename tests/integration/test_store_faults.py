@@ -173,3 +173,42 @@ async def test_shutdown_bound_records_the_rest_as_unknown(
     effect = redis_sync.hgetall("fg:{default/r}:fx:s")
     assert effect["state"] == "unknown" and "shut down" in effect["error"]
     call.cancel()
+
+
+async def test_redis_restored_from_older_snapshot_is_quarantined(
+    make_gateway: Any, upstream: Upstream, redis_sync: Any, tmp_path: Path
+) -> None:
+    gw: Gateway = await make_gateway()
+    await gw.register("r", generation=5)
+    assert (await gw.effect("r", "a", 5)).status == 200
+    seen = int(redis_sync.get("fg:epoch"))
+    # the "restored snapshot": taken before generation 5 and the effect; its epoch is older
+    redis_sync.delete("fg:{default/r}:job", "fg:{default/r}:fx:a")
+    redis_sync.set("fg:epoch", seen - 1)
+    again: Gateway = await make_gateway()  # a gateway (re)starts on it, same data dir
+    assert (await again.client.get("/readyz")).status == 503
+    assert (await again.effect("r", "a", 5)).status == 503  # no duplicate of the effect
+    assert (await again.register("r", generation=1)).status == 503
+    assert len(upstream.received) == 1
+    client = connect(again.settings.redis.url, timeout=2, max_connections=2)
+    store = Store(client, registration="required", dispatch_timeout_ms=1000, retention_seconds=60,
+                  state_file=tmp_path / "state" / "fencegate.state")  # fmt: skip
+    assert await store.initialize(auto=False) == "refused"  # quarantined: markers gone
+    assert await store.initialize(auto=False, confirm_data_loss=True) == "written"
+    await client.aclose()
+    assert (await again.register("r", generation=6)).status == 201
+
+
+async def test_periodic_epoch_check_catches_a_restore_while_running(
+    make_gateway: Any, upstream: Upstream, redis_sync: Any
+) -> None:
+    gw: Gateway = await make_gateway(redis={"epoch_interval_seconds": 0.05})
+    await gw.register("r", generation=1)
+    await asyncio.sleep(0.2)
+    redis_sync.set("fg:epoch", 0)  # Redis went back in time under a running gateway
+    for _ in range(100):
+        if (await gw.effect("r", "a", 1)).status == 503:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the restore was not detected")
