@@ -175,7 +175,11 @@ def create_app(
             ),
             crash_hook=crash_hook,
         )
+        relay = asyncio.create_task(app[K.SERVICE].relay_forever())
         yield
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
         cut = await app[K.SERVICE].drain(settings.server.shutdown_grace_seconds)
         if cut:
             log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")

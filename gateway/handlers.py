@@ -25,6 +25,7 @@ from gateway.models import (
     AuditEntryOut,
     AuditPageOut,
     CancelOut,
+    EffectAcceptedOut,
     EffectBody,
     EffectOut,
     EffectRecordOut,
@@ -247,6 +248,7 @@ async def perform_effect(request: web.Request) -> web.Response:
     body: EffectBody = await _body(request, EffectBody)
     structlog.contextvars.bind_contextvars(adapter=body.adapter)
     gen = await _generation(request, keys, step=step, worker_id=worker_id, adapter=body.adapter)
+    respond_async = "respond-async" in request.headers.get("Prefer", "").lower()
     res = await request.app[K.SERVICE].perform(
         keys,
         step,
@@ -255,8 +257,22 @@ async def perform_effect(request: web.Request) -> web.Response:
         operation=body.operation,
         payload=body.payload,
         worker_id=worker_id,
+        respond_async=respond_async,
     )
     structlog.contextvars.bind_contextvars(outcome="replayed" if res.replayed else res.state)
+    if res.state in ("pending", "dispatching"):  # accepted for the relay
+        location = f"/v1/jobs/{keys.job_id}/effects/{step}"
+        accepted = EffectAcceptedOut(
+            job_id=res.job_id,
+            step=res.step,
+            generation=res.generation,
+            state=res.state,
+            idempotency_key=res.idempotency_key,
+            adapter=res.adapter,
+            location=location,
+        )
+        headers = {"Location": location, "Preference-Applied": "respond-async"}
+        return respond(accepted, 202, headers=headers)
     out = EffectOut(
         job_id=res.job_id,
         step=res.step,
@@ -411,11 +427,11 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/jobs/{job}/effects/{step}",
         perform_effect,
-        "Perform a side effect under the fence",
+        "Perform a side effect under the fence (Prefer: respond-async: 202, the relay performs it)",
         roles=("worker",),
         body=EffectBody,
-        responses={200: EffectOut},
-        headers=("Fencing-Token", "Worker-Id"),
+        responses={200: EffectOut, 202: EffectAcceptedOut},
+        headers=("Fencing-Token", "Worker-Id", "Prefer"),
         problems=(400, 401, 403, 409, 413, 422, 424, 502, 503, 504),
     ),
     Route(

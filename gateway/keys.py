@@ -14,6 +14,9 @@ so the tag is unambiguous.
 ``fg:audit:<t>``        stream: the tenant-wide audit feed (a copy of each entry,
                         appended right after the deciding script), trimmed by age.
 ``fg:marker``           the durability marker written by ``fencegate init``.
+``fg:relay``            sorted set of ``[tenant, job, step]`` the async relay must look
+                        at, scored by due time (ms). Written before the step's admit,
+                        so a crash in between leaves an entry that finds nothing to do.
 ``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
                         the one a gateway last saw came back from an older snapshot.
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 __all__ = [
     "EPOCH",
     "MARKER",
+    "RELAY",
     "SLOTS",
     "JobKeys",
     "audit_feed",
@@ -44,6 +48,7 @@ __all__ = [
 
 MARKER = "fg:marker"
 EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
+RELAY = "fg:relay"  # sorted set: steps for the async relay, scored by when they are due
 PREFIX = "fg:"
 SLOTS = 16384
 

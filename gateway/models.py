@@ -13,6 +13,7 @@ __all__ = [
     "AuditEntryOut",
     "AuditPageOut",
     "CancelOut",
+    "EffectAcceptedOut",
     "EffectBody",
     "EffectOut",
     "EffectRecordOut",
@@ -93,10 +94,22 @@ class EffectOut(BaseModel):
     result: Any
 
 
+class EffectAcceptedOut(BaseModel):
+    """202 for ``Prefer: respond-async``: recorded under the fence; the relay performs it."""
+
+    job_id: str
+    step: str
+    generation: int
+    state: Literal["pending", "dispatching"]
+    idempotency_key: str
+    adapter: str
+    location: str
+
+
 class EffectRecordOut(BaseModel):
     job_id: str
     step: str
-    state: Literal["dispatching", "succeeded", "failed", "unknown", "released"]
+    state: Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
     generation: int
     intent_sha256: str
     adapter: str

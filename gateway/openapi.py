@@ -18,6 +18,7 @@ _REF = "#/components/schemas/{model}"
 _STATUS_TEXT = {
     200: "OK",
     201: "Created",
+    202: "Accepted: recorded under the fence, the relay performs it",
     400: "Invalid request, bad token",
     401: "Missing or unknown key",
     403: "Wrong role",
@@ -33,6 +34,7 @@ _STATUS_TEXT = {
 _HEADERS = {
     "Fencing-Token": ("The generation (unsigned mode) or a signed token", True),
     "Worker-Id": ("Recorded in the audit log and logs", False),
+    "Prefer": ("respond-async: record the step and return 202; the relay performs it", False),
 }
 _QUERY = {
     "job": {"type": "string", "pattern": NAME_PATTERN},

@@ -13,6 +13,8 @@ in-flight dispatches (:meth:`EffectService.drain`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from gateway.errors import (
     AdapterUnavailable,
     EffectFailed,
     EffectInProgress,
+    FencegateError,
     InvalidRequest,
     OutcomeUnknown,
     StoreUnavailable,
@@ -42,7 +45,15 @@ from gateway.errors import (
 from gateway.intents import intent_digest
 from gateway.keys import JobKeys
 from gateway.metrics import Metrics
-from gateway.store import Admitted, EffectRecord, EffectState, InProgress, Replay, Store
+from gateway.store import (
+    Admitted,
+    EffectRecord,
+    EffectState,
+    InProgress,
+    Queued,
+    Replay,
+    Store,
+)
 
 __all__ = ["EffectResult", "EffectService"]
 
@@ -87,6 +98,7 @@ class EffectService:
         self._timeout = dispatch_timeout_seconds
         # in-flight dispatch -> what to record if shutdown cuts it short
         self._inflight: dict[asyncio.Task[EffectResult], tuple[JobKeys, str, str]] = {}
+        self.relay_wakeup = asyncio.Event()
 
     def adapter(self, name: str) -> Adapter:
         try:
@@ -104,7 +116,9 @@ class EffectService:
         operation: str,
         payload: Mapping[str, Any],
         worker_id: str | None,
+        respond_async: bool = False,
     ) -> EffectResult:
+        """Perform a step now, or (``respond_async``) record it for the relay and return."""
         adapter = self.adapter(adapter_name)
         try:
             adapter.validate(operation, payload)
@@ -112,6 +126,11 @@ class EffectService:
             raise InvalidRequest(f"payload does not fit {adapter_name}.{operation}: {exc}") from exc
         digest = intent_digest(adapter_name, operation, payload)
         started = time.monotonic()
+        payload_json = ""
+        if respond_async:
+            # queue first: a crash before the admit leaves an entry that finds nothing to do
+            payload_json = json.dumps(payload, separators=(",", ":"))
+            await self._store.relay_enqueue(keys, step, int(time.time() * 1000))
         self._crash("before_admit")
         verdict = await self._store.admit(
             keys,
@@ -122,8 +141,21 @@ class EffectService:
             operation=operation,
             worker_id=worker_id or "",
             resolvable=adapter.capabilities.can_resolve,
+            payload_json=payload_json,
         )
         self._crash("after_admit")
+        if isinstance(verdict, Queued):
+            self.relay_wakeup.set()
+            return EffectResult(
+                job_id=keys.job_id,
+                step=step,
+                generation=verdict.generation,
+                state=verdict.state,
+                replayed=False,
+                idempotency_key=f"{keys.job_id}:{step}",
+                adapter=adapter_name,
+                result=None,
+            )
         if isinstance(verdict, Replay):
             return self._replay(keys, step, verdict.record)
         if isinstance(verdict, InProgress):
@@ -141,25 +173,36 @@ class EffectService:
                 "cannot resolve it; an operator must resolve it",
                 state="unknown",
             )
-        request = EffectRequest(
-            tenant=keys.tenant,
-            job_id=keys.job_id,
-            step=step,
-            generation=generation,
-            idempotency_key=(
-                f"{keys.tenant}/{keys.job_id}:{step}"
-                if adapter_name in self._tenant_keyed
-                else f"{keys.job_id}:{step}"
-            ),
-            operation=operation,
-            payload=payload,
-            # Monotonic and started before the admit: never later than Redis's deadline.
-            deadline=started + self._timeout,
-        )
+        # The deadline is monotonic and counted from before the admit: never later than Redis's.
+        request = self._request(keys, step, generation, adapter_name, operation, payload, started)
         task = asyncio.create_task(self._dispatch(keys, adapter, request, verdict))
         self._inflight[task] = (keys, step, verdict.dispatch_id)
         task.add_done_callback(lambda t: self._inflight.pop(t, None))
         return await asyncio.shield(task)
+
+    def _request(
+        self,
+        keys: JobKeys,
+        step: str,
+        generation: int,
+        adapter_name: str,
+        operation: str,
+        payload: Mapping[str, Any],
+        started: float | None = None,
+    ) -> EffectRequest:
+        key = f"{keys.job_id}:{step}"
+        if adapter_name in self._tenant_keyed:
+            key = f"{keys.tenant}/{key}"
+        return EffectRequest(
+            tenant=keys.tenant,
+            job_id=keys.job_id,
+            step=step,
+            generation=generation,
+            idempotency_key=key,
+            operation=operation,
+            payload=payload,
+            deadline=(time.monotonic() if started is None else started) + self._timeout,
+        )
 
     def _replay(self, keys: JobKeys, step: str, record: EffectRecord) -> EffectResult:
         self._metrics.effects.labels(record.adapter, "replayed").inc()
@@ -309,6 +352,54 @@ class EffectService:
             status=504,
             state=state,
         )
+
+    # -- the async relay -------------------------------------------------------
+
+    async def relay_forever(self, *, interval: float = 0.25, batch: int = 32) -> None:
+        """Perform queued steps. Any number of gateways may run this: each step is
+        claimed atomically in its own slot, so it is dispatched by one relay only."""
+        while True:
+            try:
+                due = await self._store.relay_due(int(time.time() * 1000), batch)
+                for keys, step in due:
+                    await self._relay_one(keys, step)
+            except StoreUnavailable:
+                due = []
+            if len(due) < batch:
+                self.relay_wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.relay_wakeup.wait(), interval)
+
+    async def _relay_one(self, keys: JobKeys, step: str) -> None:
+        claim = await self._store.relay_claim(keys, step)
+        if claim is None:
+            await self._store.relay_drop(keys, step)
+            return
+        if isinstance(claim, int):  # someone is dispatching it: look again after its deadline
+            await self._store.relay_enqueue(keys, step, claim + 50)
+            return
+        adapter = self._adapters.get(claim.adapter)
+        if adapter is None:
+            log.error("relay_unknown_adapter", adapter=claim.adapter, key=f"{keys.job_id}:{step}")
+            reason = {"reason": f"adapter {claim.adapter!r} is not configured"}
+            await self._store.record(keys, step, claim.dispatch_id, "failed", error=reason)
+            await self._store.relay_drop(keys, step)
+            return
+        request = self._request(
+            keys, step, claim.generation, claim.adapter, claim.operation, claim.payload
+        )
+        admitted = Admitted(claim.dispatch_id, claim.generation, claim.deadline_ms, resolving=False)
+        task = asyncio.create_task(self._dispatch(keys, adapter, request, admitted))
+        self._inflight[task] = (keys, step, claim.dispatch_id)
+        task.add_done_callback(lambda t: self._inflight.pop(t, None))
+        try:
+            await asyncio.shield(task)
+        except AdapterUnavailable:  # released: try again later, same key
+            await self._store.relay_enqueue(keys, step, int(time.time() * 1000) + 1000)
+            return
+        except FencegateError:
+            pass  # failed or unknown: recorded; nothing more for the relay to do
+        await self._store.relay_drop(keys, step)
 
     async def drain(self, within: float) -> int:
         """Let in-flight dispatches finish and record their outcomes, for up to ``within``

@@ -46,7 +46,7 @@ from gateway.errors import (
     StoreUnavailable,
     UnregisteredGeneration,
 )
-from gateway.keys import EPOCH, MARKER, PREFIX, SLOTS, JobKeys, audit_feed, slot_marker
+from gateway.keys import EPOCH, MARKER, PREFIX, RELAY, SLOTS, JobKeys, audit_feed, slot_marker
 from gateway.tokens import MAX_GENERATION
 
 __all__ = [
@@ -56,7 +56,9 @@ __all__ = [
     "EffectRecord",
     "InProgress",
     "JobView",
+    "Queued",
     "Registration",
+    "RelayClaim",
     "Store",
     "connect",
 ]
@@ -72,11 +74,12 @@ SCRIPT_NAMES = (
     "cancel-2",
     "reject-3",
     "resolve-4",
+    "relay-3",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
 
-EffectState = Literal["dispatching", "succeeded", "failed", "unknown", "released"]
+EffectState = Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +148,25 @@ class Unknown:
     record: EffectRecord
 
 
-AdmitVerdict = Admitted | Replay | InProgress | Unknown
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """Async: the intent is recorded (or already was) for the relay; ``state`` is where it is."""
+
+    state: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class RelayClaim:
+    dispatch_id: str
+    generation: int
+    adapter: str
+    operation: str
+    payload: Any
+    deadline_ms: int
+
+
+AdmitVerdict = Admitted | Replay | InProgress | Unknown | Queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,7 +591,9 @@ class Store:
         operation: str,
         worker_id: str,
         resolvable: bool,
+        payload_json: str = "",
     ) -> AdmitVerdict:
+        """Admit a call; with ``payload_json`` (async) the intent is queued for the relay."""
         dispatch_id = secrets.token_hex(12)
         reply = await self._run(
             "admit-5",
@@ -589,6 +612,7 @@ class Store:
                 step,
                 worker_id,
                 keys.tenant,
+                payload_json,
             ),
         )
         code = int(reply[0])
@@ -600,6 +624,11 @@ class Store:
             return InProgress(int(reply[1]))
         if code == 3:
             return Unknown(EffectRecord.from_flat(reply[1:]))
+        if code == 4:
+            return Queued("pending", generation)
+        if code == 5:
+            record = EffectRecord.from_flat(reply[1:])
+            return Queued(record.state, record.generation)
         raise await self._rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
 
     async def record(
@@ -625,6 +654,43 @@ class Store:
             ),
         )
         return int(reply[0]) == 0
+
+    # -- the async relay's queue --------------------------------------------
+
+    async def relay_enqueue(self, keys: JobKeys, step: str, due_ms: int) -> None:
+        member = json.dumps([keys.tenant, keys.job_id, step])
+        await self._guard(lambda: self._client.zadd(RELAY, {member: due_ms}))
+
+    async def relay_drop(self, keys: JobKeys, step: str) -> None:
+        member = json.dumps([keys.tenant, keys.job_id, step])
+        await self._guard(lambda: self._client.zrem(RELAY, member))
+
+    async def relay_due(self, now_ms: int, limit: int) -> list[tuple[JobKeys, str]]:
+        rows: list[str] = await self._guard(
+            lambda: self._client.zrangebyscore(RELAY, "-inf", now_ms, start=0, num=limit)  # type: ignore[arg-type,return-value]
+        )
+        due = []
+        for member in rows:
+            tenant, job_id, step = json.loads(member)
+            due.append((JobKeys(tenant, job_id), step))
+        return due
+
+    async def relay_claim(self, keys: JobKeys, step: str) -> RelayClaim | int | None:
+        """Claim a pending step: the claim, a deadline (ms) to look again at, or None (drop)."""
+        reply = await self._run(
+            "relay-3",
+            (keys.effect(step), keys.job, keys.marker),
+            (secrets.token_hex(12), self._dispatch_timeout_ms, self._retention),
+        )
+        code = int(reply[0])
+        if code == 0:
+            _, dispatch_id, gen, adapter, operation, payload, deadline = reply
+            return RelayClaim(
+                dispatch_id, int(gen), adapter, operation, json.loads(payload), int(deadline)
+            )
+        if code == 2:
+            return int(reply[1])
+        return None
 
     # -- views ---------------------------------------------------------------
 

@@ -18,6 +18,8 @@
     ARGV[8]  retention, seconds (effect records, steps set, audit stream)
     ARGV[9]  '1' when the adapter can resolve an unknown outcome (lookup or dedupes_by_key)
     ARGV[10] job id   ARGV[11] step   ARGV[12] worker id ('' if none)   ARGV[13] tenant
+    ARGV[14] '' for a synchronous call; the payload JSON for an async call (Prefer:
+             respond-async): the intent is recorded 'pending' for a relay to perform
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving}  admitted: caller holds the step
@@ -25,6 +27,8 @@
     {1, field, value, ...}   replay: the recorded effect (succeeded | failed)
     {2, retry_after_ms}      another dispatch holds the step
     {3, field, value, ...}   outcome unknown and the adapter cannot resolve it
+    {4}                      async: recorded 'pending' for the relay
+    {5, field, value, ...}   the step is already pending or dispatching (async: accepted again)
     {8}   the slot's durability marker is missing: Redis lost data, nothing done
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
 ]]
@@ -73,14 +77,35 @@ local function claim(resolving)
   return {0, ARGV[6], fmt(fence), fmt(deadline), resolving}
 end
 
+local function enqueue()
+  redis.call('HSET', KEYS[2], 'state', 'pending', 'intent_sha256', ARGV[3], 'adapter', ARGV[4],
+    'operation', ARGV[5], 'payload', ARGV[14], 'generation', ARGV[1], 'updated_at', fmt(now),
+    'worker_id', ARGV[12])
+  redis.call('HDEL', KEYS[2], 'result', 'error', 'dispatch_id')
+  redis.call('EXPIRE', KEYS[2], ARGV[8])
+  redis.call('SADD', KEYS[4], ARGV[11])
+  redis.call('EXPIRE', KEYS[4], ARGV[8])
+  return {4}
+end
+
 if not state then
   redis.call('HSET', KEYS[2], 'created_at', fmt(now))
+  if ARGV[14] ~= '' then return enqueue() end
   return claim('0')
 end
 -- released: known not delivered; the current generation may re-pin the step
-if state == 'released' then return claim('0') end
+if state == 'released' then
+  if ARGV[14] ~= '' then return enqueue() end
+  return claim('0')
+end
 
 if fx[2] ~= ARGV[3] then return reject('intent_mismatch', fx[2]) end
+
+if state == 'pending' or (state == 'dispatching' and ARGV[14] ~= '') then
+  -- the relay has it: an async repeat is accepted again, a sync call waits
+  if ARGV[14] ~= '' then return {5, unpack(redis.call('HGETALL', KEYS[2]))} end
+  return {2, '1000'}
+end
 
 if state == 'dispatching' then
   local deadline = tonumber(fx[3]) or 0

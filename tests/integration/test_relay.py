@@ -1,0 +1,102 @@
+"""Async effects (Prefer: respond-async): recorded under the fence, performed by a relay."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+from tests.conftest import Gateway, Upstream
+
+ASYNC = {"Prefer": "respond-async"}
+
+
+async def wait_state(gw: Gateway, step: str, want: str, job: str = "r") -> dict[str, Any]:
+    for _ in range(300):
+        resp = await gw.client.get(f"/v1/jobs/{job}/effects/{step}")
+        if resp.status == 200:
+            view = await resp.json()
+            if view["state"] == want:
+                return dict(view)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{job}:{step} never reached {want}")
+
+
+async def test_accepted_then_performed_by_the_relay(gw: Gateway, upstream: Upstream) -> None:
+    await gw.register("r", generation=1)
+    resp = await gw.effect("r", "notify", 1, headers=ASYNC)
+    body = await resp.json()
+    assert resp.status == 202, body
+    assert resp.headers["Location"] == "/v1/jobs/r/effects/notify" == body["location"]
+    assert resp.headers["Preference-Applied"] == "respond-async"
+    assert body["state"] in ("pending", "dispatching") and body["idempotency_key"] == "r:notify"
+    view = await wait_state(gw, "notify", "succeeded")
+    assert view["result"]["status"] == 200
+    assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["r:notify"]
+    # a later synchronous call replays it
+    replay = await gw.effect("r", "notify", 1)
+    assert replay.status == 200 and (await replay.json())["replayed"] is True
+
+
+async def test_stale_async_call_is_refused_and_never_relayed(
+    gw: Gateway, upstream: Upstream, redis_sync: Any
+) -> None:
+    await gw.register("r", generation=2)
+    resp = await gw.effect("r", "notify", 1, headers=ASYNC)
+    assert resp.status == 409 and (await resp.json())["code"] == "stale_generation"
+    for _ in range(50):  # the queue entry written before the admit finds nothing and is dropped
+        if redis_sync.zcard("fg:relay") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert redis_sync.zcard("fg:relay") == 0
+    assert upstream.received == []
+    assert (await gw.client.get("/v1/jobs/r/effects/notify")).status == 404
+
+
+async def test_async_repeats_are_accepted_once_dispatched_once(
+    gw: Gateway, upstream: Upstream
+) -> None:
+    await gw.register("r", generation=1)
+    upstream.gate = asyncio.Event()
+    first = await gw.effect("r", "notify", 1, headers=ASYNC)
+    await upstream.arrived.wait()
+    again = await gw.effect("r", "notify", 1, headers=ASYNC)
+    assert (first.status, again.status) == (202, 202)
+    assert (await again.json())["state"] == "dispatching"
+    sync = await gw.effect("r", "notify", 1)  # a synchronous caller waits for the relay's dispatch
+    assert sync.status == 409 and (await sync.json())["code"] == "effect_in_progress"
+    upstream.gate.set()
+    await wait_state(gw, "notify", "succeeded")
+    assert len(upstream.received) == 1
+
+
+async def test_released_step_is_retried_by_the_relay(gw: Gateway, upstream: Upstream) -> None:
+    await gw.register("r", generation=1)
+    upstream.behaviour = 503
+    assert (await gw.effect("r", "notify", 1, headers=ASYNC)).status == 202
+    await upstream.arrived.wait()
+    await wait_state(gw, "notify", "released")
+    upstream.behaviour = "ok"
+    await wait_state(gw, "notify", "succeeded")
+    assert len(upstream.received) == 2 and {
+        r.headers["Idempotency-Key"] for r in upstream.received
+    } == {"r:notify"}
+
+
+async def test_relays_in_two_gateways_never_dispatch_a_step_twice(
+    make_gateway: Any, upstream: Upstream
+) -> None:
+    a: Gateway = await make_gateway()
+    b: Gateway = await make_gateway()
+    upstream.delay = 0.01
+    jobs = [f"j{i}" for i in range(60)]
+    for job in jobs:
+        await a.register(job, generation=1)
+    calls = [
+        (a if i % 2 else b).effect(job, "notify", 1, headers=ASYNC) for i, job in enumerate(jobs)
+    ]
+    assert {r.status for r in await asyncio.gather(*calls)} == {202}
+    for job in jobs:
+        await wait_state(a, "notify", "succeeded", job=job)
+    per_key = Counter(r.headers["Idempotency-Key"] for r in upstream.received)
+    assert set(per_key.values()) == {1} and len(per_key) == 60
