@@ -146,16 +146,7 @@ class EffectService:
         self._crash("after_admit")
         if isinstance(verdict, Queued):
             self.relay_wakeup.set()
-            return EffectResult(
-                job_id=keys.job_id,
-                step=step,
-                generation=verdict.generation,
-                state=verdict.state,
-                replayed=False,
-                idempotency_key=f"{keys.job_id}:{step}",
-                adapter=adapter_name,
-                result=None,
-            )
+            return self._result(keys, step, verdict.generation, verdict.state, adapter_name)
         if isinstance(verdict, Replay):
             return self._replay(keys, step, verdict.record)
         if isinstance(verdict, InProgress):
@@ -190,18 +181,42 @@ class EffectService:
         payload: Mapping[str, Any],
         started: float | None = None,
     ) -> EffectRequest:
-        key = f"{keys.job_id}:{step}"
-        if adapter_name in self._tenant_keyed:
-            key = f"{keys.tenant}/{key}"
         return EffectRequest(
             tenant=keys.tenant,
             job_id=keys.job_id,
             step=step,
             generation=generation,
-            idempotency_key=key,
+            idempotency_key=self._key(keys, step, adapter_name),
             operation=operation,
             payload=payload,
             deadline=(time.monotonic() if started is None else started) + self._timeout,
+        )
+
+    def _key(self, keys: JobKeys, step: str, adapter_name: str) -> str:
+        """The idempotency key sent downstream (tenant-prefixed where the adapter says so)."""
+        key = f"{keys.job_id}:{step}"
+        return f"{keys.tenant}/{key}" if adapter_name in self._tenant_keyed else key
+
+    def _result(
+        self,
+        keys: JobKeys,
+        step: str,
+        generation: int,
+        state: str,
+        adapter_name: str,
+        result: Any = None,
+        *,
+        replayed: bool = False,
+    ) -> EffectResult:
+        return EffectResult(
+            job_id=keys.job_id,
+            step=step,
+            generation=generation,
+            state=state,
+            replayed=replayed,
+            idempotency_key=self._key(keys, step, adapter_name),
+            adapter=adapter_name,
+            result=result,
         )
 
     def _replay(self, keys: JobKeys, step: str, record: EffectRecord) -> EffectResult:
@@ -213,15 +228,14 @@ class EffectService:
                 replayed=True,
                 generation=record.generation,
             )
-        return EffectResult(
-            job_id=keys.job_id,
-            step=step,
-            generation=record.generation,
-            state=record.state,
+        return self._result(
+            keys,
+            step,
+            record.generation,
+            record.state,
+            record.adapter,
+            record.result,
             replayed=True,
-            idempotency_key=f"{keys.job_id}:{step}",
-            adapter=record.adapter,
-            result=record.result,
         )
 
     async def _dispatch(
@@ -324,16 +338,10 @@ class EffectService:
         replayed: bool,
     ) -> EffectResult:
         if isinstance(outcome, Delivered):
-            return EffectResult(
-                job_id=keys.job_id,
-                step=request.step,
-                generation=request.generation,
-                state="succeeded",
+            return self._result(
+                keys, request.step, request.generation, "succeeded", adapter_name, outcome.result,
                 replayed=replayed,
-                idempotency_key=request.idempotency_key,
-                adapter=adapter_name,
-                result=outcome.result,
-            )
+            )  # fmt: skip
         if isinstance(outcome, Failed):
             raise EffectFailed(
                 "the downstream permanently refused this effect",
