@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hashlib
 import ipaddress
 import os
 import random
 import secrets
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -121,6 +123,57 @@ def _crash_hook(args: argparse.Namespace) -> Callable[[str], None] | None:
     return crash
 
 
+def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    """N processes on one port (SO_REUSEPORT) and one Redis; this process supervises them."""
+    data_dir = Path(settings.redis.data_dir)
+    result = asyncio.run(_init_auto(url, data_dir / "fencegate.state"))
+    log.info("workers_starting", workers=args.workers, durability_marker=result)
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--redis-url",
+        url,
+        "--reuse-port",
+        "--workers",
+        "1",
+    ]
+    argv += ["--host", settings.server.host, "--port", str(settings.server.port)]
+    if args.config:
+        argv += ["--config", args.config]
+    if settings.redis.allow_volatile or args.allow_volatile_redis:
+        argv.append("--allow-volatile-redis")
+    children = [subprocess.Popen(argv) for _ in range(args.workers)]
+
+    def forward(signum: int, frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    return max(codes)
+
+
+async def _init_auto(url: str, state_file: Path) -> str:
+    from gateway.store import Store, connect
+
+    client = connect(url, timeout=5, max_connections=2)
+    try:
+        store = Store(
+            client,
+            registration="required",
+            dispatch_timeout_ms=1,
+            retention_seconds=60,
+            state_file=state_file,
+        )
+        return await store.initialize(auto=True)
+    finally:
+        await client.aclose()
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging(secrets=_configured_secrets(settings))
@@ -153,6 +206,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 data_dir=str(embedded.data_dir),
                 pid=embedded.process.pid if embedded.process else None,
             )
+        if args.workers > 1:
+            return _serve_workers(args, settings, url)
         from gateway.app import create_app
 
         app = create_app(
@@ -168,6 +223,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             registration=settings.fencing.registration,
             version=__version__,
         )
+        gc.collect()
+        gc.freeze()  # start-up objects leave the GC's young generations: steadier tail latency
         web.run_app(
             app,
             host=host,
@@ -175,6 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print=None,
             access_log=None,
             shutdown_timeout=settings.server.shutdown_grace_seconds,
+            reuse_port=args.reuse_port or None,
         )
         return EXIT_OK
     except EmbeddedRedisError as exc:
@@ -407,6 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-volatile-redis", action="store_true", help="start even if Redis is not durable"
     )
+    serve.add_argument(
+        "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)"
+    )
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     # chaos testing only: die at a point of the effect flow
     serve.add_argument(
         "--chaos-crash-at",

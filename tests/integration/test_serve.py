@@ -326,3 +326,23 @@ def test_init_command(tmp_path: Path) -> None:
     refused = run()
     assert refused.returncode == 3 and "--confirm-data-loss" in refused.stdout
     assert run("--confirm-data-loss").returncode == 0
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def test_workers_share_the_port_and_one_redis(tmp_path: Path, serves: list[Serve]) -> None:
+    s = Serve(tmp_path, write_config(tmp_path), "--workers", "2")
+    serves.append(s)
+    s.wait_ready()
+    redis_pid = s.redis_pid()
+    workers = [p for p in children_of(s.proc.pid) if p != redis_pid]
+    assert len(workers) == 2
+    assert s.call("POST", "/v1/jobs/r/generations", {"generation": 4})[0] == 201
+    statuses = {s.call("GET", "/v1/jobs/r")[1]["fence"] for _ in range(40)}
+    assert statuses == {4}  # every worker process sees the same Redis
+    assert s.stop(signal.SIGTERM) == 0
+    assert all(wait_dead(p) for p in workers)
+    assert wait_dead(redis_pid), "embedded redis-server outlived the workers"
