@@ -1,17 +1,21 @@
-"""Benchmark: the gateway against its physical floor, measured side by side in one run.
+"""Benchmark: the gateway against its physical floors, side by side in one run.
 
-    python -m benchmarks.run [--requests N] [--concurrency C]      (or: make bench)
+    python -m benchmarks.run [--requests N] [--concurrency C] [--workers 1,2]   (make bench)
 
 Starts a durable redis-server (appendfsync always), an upstream HTTP receiver
-process and a ``fencegate serve`` process, then measures from this process:
+(a bare aiohttp JSON server) and ``fencegate serve`` (each its own process), and
+measures from a load generator in this process:
 
-  (a) raw EVALSHA of the admit script (redis-py, same event loop, C tasks)
-  (b) accepted effect calls end to end (webhook to the local upstream)
-  (c) replays of those steps
-  (d) stale rejections (zombie calls, audited)
+  L1  raw redis-py EVALSHA of the admit script, and of the record script
+  L2  the bare aiohttp JSON server itself (the upstream), same load generator
+  G1  accepted effect calls end to end (admit + webhook POST to the upstream + record)
+  G2  replays          G3  stale rejections (zombie calls, audited)    G4  heartbeats
 
-and prints req/s, p50/p99 and the ratios to (a). Results are also written to
-``benchmarks/results/latest.json`` and appended to ``history.jsonl``.
+and reports req/s, p50/p99/p99.9, the gateway's CPU seconds per 1,000 calls and
+peak RSS, the ratios G*/L2, and at one connection the gateway's latency minus a
+direct upstream call. Pinning (Linux, >= 2 cores): the load generator runs on
+the last core, every server process on the others (os.sched_setaffinity).
+Writes benchmarks/results/latest.json and latest.md and appends history.jsonl.
 Nothing here is asserted: these are measurements, not tests.
 """
 
@@ -28,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -37,10 +42,8 @@ import aiohttp
 from gateway.embedded import EmbeddedRedis, free_port
 from gateway.keys import JobKeys
 from gateway.store import Store, connect
-from gateway.tokens import MAX_GENERATION
 
 RESULTS = Path(__file__).parent / "results"
-
 UPSTREAM = """
 import sys
 from aiohttp import web
@@ -51,37 +54,47 @@ app = web.Application()
 app.router.add_post("/hook", hook)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
 """
+CORES = os.cpu_count() or 1
+PIN = sys.platform.startswith("linux") and CORES >= 2
+SERVER_CORES = set(range(CORES - 1)) if PIN else set()
+LOAD_CORE = {CORES - 1} if PIN else set()
 
 
-async def measure(
-    name: str, n: int, concurrency: int, call: Callable[[int], Awaitable[None]]
-) -> dict[str, Any]:
-    latencies: list[float] = []
-    counter = iter(range(n))
-
-    async def worker() -> None:
-        for i in counter:
-            t0 = time.perf_counter()
-            await call(i)
-            latencies.append(time.perf_counter() - t0)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    q = statistics.quantiles(latencies, n=1000)
-    return {
-        "name": name,
-        "requests": n,
-        "rps": round(n / elapsed, 1),
-        "p50_ms": round(q[499] * 1000, 3),
-        "p99_ms": round(q[989] * 1000, 3),
-        "p999_ms": round(q[998] * 1000, 3),
-    }
+def pin(pid: int, cores: set[int]) -> None:
+    if cores:
+        os.sched_setaffinity(pid, cores)
 
 
-def wait_http(url: str, timeout: float = 20) -> None:
-    import urllib.request
+def cpu_seconds(pids: list[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (FileNotFoundError, IndexError):
+            pass
+    return total / ticks
 
+
+def peak_rss_mb(pids: list[int]) -> float:
+    peak = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return round(peak / 1024, 1)
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -93,102 +106,114 @@ def wait_http(url: str, timeout: float = 20) -> None:
 
 
 class Stack:
-    """redis-server, the upstream receiver and ``fencegate serve``, each its own process."""
+    """redis-server, the upstream and ``fencegate serve --workers N``, pinned to server cores."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.redis = EmbeddedRedis(workdir / "redis", use_socket=False)
+    def __init__(self, workdir: Path, workers: int) -> None:
+        self.redis = EmbeddedRedis(workdir / f"redis-{workers}", use_socket=False)
         self.redis.start()
-        up_port, self.gw_port = free_port(), free_port()
-        cfg = workdir / "bench.toml"
+        self.up_port, self.gw_port = free_port(), free_port()
+        cfg = workdir / f"bench-{workers}.toml"
         cfg.write_text(
             f"""
 [redis]
 url = "{self.redis.url}"
-data_dir = "{workdir / "state"}"
+data_dir = "{workdir / f"state-{workers}"}"
 max_connections = 128
 [adapters.hook]
 type = "webhook"
-url = "http://127.0.0.1:{up_port}/hook"
+url = "http://127.0.0.1:{self.up_port}/hook"
 """
         )
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.log = (workdir / "gateway.log").open("w")
-        self.procs = [
-            subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)], env=env),
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gateway",
-                    "serve",
-                    "--config",
-                    str(cfg),
-                    "--port",
-                    str(self.gw_port),
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=self.log,
-            ),
-        ]
+        self.log = (workdir / f"gateway-{workers}.log").open("w")
+        self.upstream = subprocess.Popen(
+            [sys.executable, "-c", UPSTREAM, str(self.up_port)], env=env
+        )
+        self.gateway = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg),
+             "--port", str(self.gw_port), "--workers", str(workers)],
+            env=env, stdout=subprocess.DEVNULL, stderr=self.log,
+        )  # fmt: skip
         wait_http(f"http://127.0.0.1:{self.gw_port}/readyz")
+        self.gateway_pids = [self.gateway.pid, *(children(self.gateway.pid) if workers > 1 else [])]
+        for pid in (
+            *self.gateway_pids,
+            self.upstream.pid,
+            self.redis.process.pid if self.redis.process else 0,
+        ):
+            if pid:
+                pin(pid, SERVER_CORES)
 
     def stop(self) -> None:
-        for p in self.procs:
+        for p in (self.gateway, self.upstream):
             p.terminate()
-        for p in self.procs:
-            p.wait(20)
+        for p in (self.gateway, self.upstream):
+            p.wait(30)
         self.log.close()
         self.redis.stop()
 
 
-async def run(n: int, concurrency: int, stack: Stack) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
-    gw_port, redis_server = stack.gw_port, stack.redis
-    base = f"http://127.0.0.1:{gw_port}"
+async def measure(
+    name: str,
+    n: int,
+    concurrency: int,
+    call: Callable[[int], Awaitable[None]],
+    pids: list[int] | None = None,
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    counter = iter(range(n))
+
+    async def worker() -> None:
+        for i in counter:
+            t0 = time.perf_counter()
+            await call(i)
+            latencies.append(time.perf_counter() - t0)
+
+    cpu0 = cpu_seconds(pids or [])
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    q = statistics.quantiles(latencies, n=1000)
+    row: dict[str, Any] = {
+        "name": name,
+        "concurrency": concurrency,
+        "requests": n,
+        "rps": round(n / elapsed, 1),
+        "p50_ms": round(q[499] * 1000, 3),
+        "p99_ms": round(q[989] * 1000, 3),
+        "p999_ms": round(q[998] * 1000, 3),
+    }
+    if pids:
+        row["gateway_cpu_s_per_1000"] = round((cpu_seconds(pids) - cpu0) / n * 1000, 3)
+        row["gateway_peak_rss_mb"] = peak_rss_mb(pids)
+    return row
+
+
+async def run_stack(
+    stack: Stack, n: int, concurrency: int, only_g1: bool = False
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    pids = stack.gateway_pids
     run_id = secrets.token_hex(3)
     jobs = [f"bench-{run_id}-{i}" for i in range(n)]
+    body = {
+        "adapter": "hook",
+        "operation": "send",
+        "payload": {"to": ["a@example.com"], "subject": "hi"},
+    }
     conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(base, connector=conn) as http:
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{stack.gw_port}", connector=conn) as gw:
 
-        async def register(i: int) -> None:
-            async with http.post(f"/v1/jobs/{jobs[i]}/generations", json={"generation": 1}) as r:
+        async def register(i: int, gen: int = 1) -> None:
+            async with gw.post(f"/v1/jobs/{jobs[i]}/generations", json={"generation": gen}) as r:
                 assert r.status == 201, await r.text()
 
-        await measure("register", n, concurrency, register)
-
-        # (a) the floor: one EVALSHA of the admit script per call, no HTTP, no adapter
-        client = connect(redis_server.url, timeout=5, max_connections=concurrency)
-        store = Store(
-            client, registration="required", dispatch_timeout_ms=30_000, retention_seconds=3600
-        )
-        await store.load_scripts()
-        script = store._scripts["admit-5"]
-        floor_jobs = [f"floor-{run_id}-{i}" for i in range(n)]
-        for job in floor_jobs[:1]:
-            await store.register(JobKeys("default", job), 1, None)
-
-        async def admit_raw(i: int) -> None:
-            k = JobKeys("default", floor_jobs[0])
-            await client.evalsha(
-                script.sha, 5, k.job, k.effect(f"s{i}"), k.audit, k.steps, k.marker,
-                "1", "required", "0" * 64, "hook", "send", f"d{i}", "30000", "3600", "0",
-                floor_jobs[0], f"s{i}", "", "default",
-            )  # fmt: skip
-
-        results.append(await measure("(a) raw EVALSHA admit", n, concurrency, admit_raw))
-        await client.aclose()
-
-        body = {
-            "adapter": "hook",
-            "operation": "send",
-            "payload": {"to": ["a@example.com"], "subject": "hi"},
-        }
-
-        def effect_call(token: str, expect: int) -> Callable[[int], Awaitable[None]]:
+        def effect(
+            token: str, expect: int, step: str = "notify"
+        ) -> Callable[[int], Awaitable[None]]:
             async def call(i: int) -> None:
-                async with http.post(
-                    f"/v1/jobs/{jobs[i]}/effects/notify",
+                async with gw.post(
+                    f"/v1/jobs/{jobs[i]}/effects/{step}",
                     json=body,
                     headers={"Fencing-Token": token},
                 ) as r:
@@ -197,18 +222,85 @@ async def run(n: int, concurrency: int, stack: Stack) -> list[dict[str, Any]]:
 
             return call
 
-        results.append(await measure("(b) effect, accepted", n, concurrency, effect_call("1", 200)))
-        results.append(await measure("(c) effect, replayed", n, concurrency, effect_call("1", 200)))
-        for job in jobs:
-            async with http.post(f"/v1/jobs/{job}/generations", json={"generation": 2}) as r:
-                assert r.status == 201
-        results.append(
-            await measure("(d) effect, stale 409", n, concurrency, effect_call("1", 409))
+        async def heartbeat(i: int) -> None:
+            async with gw.post(f"/v1/jobs/{jobs[i]}/fence", headers={"Fencing-Token": "1"}) as r:
+                await r.read()
+                assert r.status == 200, r.status
+
+        await measure("register", n, concurrency, register)
+        if not only_g1:
+            rows += await floors(stack, n, concurrency)
+        rows.append(await measure("G1 effect, accepted", n, concurrency, effect("1", 200), pids))
+        if only_g1:
+            return rows
+        rows.append(await measure("G2 effect, replayed", n, concurrency, effect("1", 200), pids))
+        rows.append(await measure("G4 heartbeat", n, concurrency, heartbeat, pids))
+        await measure("register g2", n, concurrency, lambda i: register(i, 2))
+        rows.append(await measure("G3 effect, stale 409", n, concurrency, effect("1", 409), pids))
+        # one connection: the gateway's own latency over a direct upstream call
+        await measure("register g3", n, concurrency, lambda i: register(i, 3))
+        one = min(n, 2000)
+        rows.append(await measure("G1 at 1 connection", one, 1, effect("3", 200, "single"), pids))
+    return rows
+
+
+async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    client = connect(stack.redis.url, timeout=5, max_connections=concurrency)
+    store = Store(
+        client, registration="required", dispatch_timeout_ms=30_000, retention_seconds=3600
+    )
+    await store.load_scripts()
+    await store.initialize(auto=False, confirm_data_loss=False)
+    keys = JobKeys("default", f"floor-{secrets.token_hex(3)}")
+    await store.register(keys, 1, None)
+    admit, record = store._scripts["admit-5"], store._scripts["record-1"]
+
+    async def admit_raw(i: int) -> None:
+        await client.evalsha(
+            admit.sha, 5, keys.job, keys.effect(f"s{i}"), keys.audit, keys.steps, keys.marker,
+            "1", "required", "0" * 64, "hook", "send", f"d{i}", "30000", "3600", "0",
+            keys.job_id, f"s{i}", "", "default", "",
+        )  # fmt: skip
+
+    async def record_raw(i: int) -> None:
+        await client.evalsha(
+            record.sha, 1, keys.effect(f"s{i}"), f"d{i}", "succeeded", '{"ok":true}', "", "3600"
         )
-    floor = results[0]["rps"]
-    for r in results:
-        r["ratio_to_a"] = round(r["rps"] / floor, 3)
-    return results
+
+    rows.append(await measure("L1 raw EVALSHA admit", n, concurrency, admit_raw))
+    rows.append(await measure("L1 raw EVALSHA record", n, concurrency, record_raw))
+    await client.aclose()
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{stack.up_port}", connector=conn) as up:
+
+        async def direct(i: int) -> None:
+            async with up.post("/hook", json={"to": ["a@example.com"]}) as r:
+                await r.read()
+
+        rows.append(await measure("L2 bare aiohttp JSON server", n, concurrency, direct))
+        rows.append(await measure("L2 at 1 connection", min(n, 2000), 1, direct))
+    return rows
+
+
+def markdown(record: dict[str, Any]) -> str:
+    rows = record["results"]
+    lines = [
+        f"{record['at']}, {record['machine']['cpus']} cores, Python {record['machine']['python']}, "
+        f"{record['requests']} requests at {record['concurrency']} connections, "
+        f"{record['pinning']}",
+        "",
+        "| measurement | req/s | p50 ms | p99 ms | p99.9 ms | CPU s / 1000 | peak RSS MB | x L2 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['rps']:,.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | "
+            f"{r.get('gateway_cpu_s_per_1000', '')} | {r.get('gateway_peak_rss_mb', '')} | "
+            f"{r.get('ratio_to_l2', '')} |"
+        )
+    lines += ["", *(f"- {k}: {v}" for k, v in record["derived"].items())]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -217,38 +309,70 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--workers", default="1,2", help="G1 is also measured at each of these")
     args = parser.parse_args()
-    assert args.requests < MAX_GENERATION
+    pin(0, LOAD_CORE)
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fencegate-bench-") as tmp:
-        stack = Stack(Path(tmp))
-        try:
-            results = asyncio.run(run(args.requests, args.concurrency, stack))
-        finally:
-            stack.stop()
-    header = (
-        f"{'measurement':<26}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'p99.9 ms':>10}{'x (a)':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        print(
-            f"{r['name']:<26}{r['rps']:>10}{r['p50_ms']:>10}{r['p99_ms']:>10}{r['p999_ms']:>10}{r['ratio_to_a']:>8}"
-        )
+        for workers in worker_counts:
+            stack = Stack(Path(tmp), workers)
+            try:
+                got = asyncio.run(
+                    run_stack(stack, args.requests, args.concurrency, only_g1=bool(rows))
+                )
+            finally:
+                stack.stop()
+            for r in got:
+                r["gateway_workers"] = workers
+                if workers > 1:
+                    r["name"] += f" (--workers {workers})"
+            rows += got
+    by = {r["name"]: r for r in rows}
+    l2 = by["L2 bare aiohttp JSON server"]["rps"]
+    for r in rows:
+        if r["name"].startswith("G"):
+            r["ratio_to_l2"] = round(r["rps"] / l2, 3)
+    g1_one, l2_one = by["G1 at 1 connection"], by["L2 at 1 connection"]
+    g1 = by["G1 effect, accepted"]
+    derived = {
+        "G1/L2, G2/L2, G3/L2": ", ".join(
+            str(by[k]["ratio_to_l2"])
+            for k in ("G1 effect, accepted", "G2 effect, replayed", "G3 effect, stale 409")
+        ),
+        "G1 p99/p50 at saturation": round(g1["p99_ms"] / g1["p50_ms"], 2),
+        "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)": (
+            f"{g1_one['p50_ms'] - l2_one['p50_ms']:.3f} / {g1_one['p99_ms'] - l2_one['p99_ms']:.3f}"
+        ),
+    }  # fmt: skip
     record = {
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": {"cpus": CORES, "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "pinning": f"load generator on cores {sorted(LOAD_CORE)}, servers on {sorted(SERVER_CORES)}"
+        if PIN else "not pinned (needs Linux and >= 2 cores)",
         "requests": args.requests,
         "concurrency": args.concurrency,
-        "results": results,
-    }
+        "results": rows,
+        "derived": derived,
+    }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
+    previous = None
+    history = RESULTS / "history.jsonl"
+    if history.exists() and history.read_text().strip():
+        previous = json.loads(history.read_text().strip().splitlines()[-1])
     (RESULTS / "latest.json").write_text(json.dumps(record, indent=2))
-    with (RESULTS / "history.jsonl").open("a") as f:
+    md = markdown(record)
+    (RESULTS / "latest.md").write_text(md + "\n")
+    with history.open("a") as f:
         f.write(json.dumps(record) + "\n")
+    print(md)
+    if previous:
+        prev = {r["name"]: r["rps"] for r in previous.get("results", [])}
+        print("\nchange against the previous run (req/s):")
+        for r in rows:
+            if r["name"] in prev and prev[r["name"]]:
+                print(f"  {r['name']:<40} {r['rps'] / prev[r['name']] - 1:+.1%}")
 
 
 if __name__ == "__main__":
