@@ -211,6 +211,9 @@ class SmtpAdapter:
                 return _classify_refusal(worst, {"refused": refused})
             phase = "data"  # from here on the message may have been accepted
             response = await smtp.data(msg.as_bytes())
+        except aiosmtplib.SMTPAuthenticationError as exc:
+            # bad credentials: a configuration problem, nothing was sent; retry after fixing it
+            return NotDelivered(f"SMTP login refused ({exc.code}): check the credentials")
         except aiosmtplib.SMTPResponseException as exc:
             # The server answered with an error code: it did not take the message.
             return _classify_refusal(

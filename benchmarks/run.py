@@ -340,6 +340,10 @@ def main() -> None:
             str(by[k]["ratio_to_l2"])
             for k in ("G1 effect, accepted", "G2 effect, replayed", "G3 effect, stale 409")
         ),
+        "G1/L1, G2/L1 (end to end over a raw admit EVALSHA)": (
+            f"{g1['rps'] / by['L1 raw EVALSHA admit']['rps']:.3f}, "
+            f"{by['G2 effect, replayed']['rps'] / by['L1 raw EVALSHA admit']['rps']:.3f}"
+        ),
         "G1 p99/p50 at saturation": round(g1["p99_ms"] / g1["p50_ms"], 2),
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)": (
             f"{g1_one['p50_ms'] - l2_one['p50_ms']:.3f} / {g1_one['p99_ms'] - l2_one['p99_ms']:.3f}"
