@@ -20,6 +20,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from aiohttp import web
 
 from adapters.registry import AdapterConfigError, validate_configs
 from gateway import __version__
-from gateway.embedded import EmbeddedRedis, EmbeddedRedisError
+from gateway.embedded import EmbeddedRedis, EmbeddedRedisError, die_with_parent
 from gateway.errors import FencegateError
 from gateway.logging import configure_logging
 from gateway.settings import NAME_RE, ConfigError, Settings, load_settings, read_secret
@@ -144,17 +145,28 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
         argv += ["--config", args.config]
     if settings.redis.allow_volatile or args.allow_volatile_redis:
         argv.append("--allow-volatile-redis")
-    children = [subprocess.Popen(argv) for _ in range(args.workers)]
+    stopping: list[float] = []
 
     def forward(signum: int, frame: object) -> None:
+        stopping.append(time.monotonic())
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    codes = [child.wait() for child in children]
-    return max(codes)
+    # workers die with this supervisor even if it is SIGKILLed (Linux)
+    children = [subprocess.Popen(argv, preexec_fn=die_with_parent) for _ in range(args.workers)]
+    bound = settings.server.shutdown_grace_seconds + 5
+    while any(child.poll() is None for child in children):
+        time.sleep(0.1)
+        if stopping and time.monotonic() - stopping[0] > bound:
+            # a worker that missed or ignored the signal (e.g. still starting): stop it for good
+            for child in children:
+                if child.poll() is None:
+                    log.warning("worker_killed_after_grace", pid=child.pid)
+                    child.kill()
+    return max(child.returncode for child in children)
 
 
 async def _init_auto(url: str, state_file: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -180,13 +181,28 @@ def create_app(
         relay.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await relay
-        cut = await app[K.SERVICE].drain(settings.server.shutdown_grace_seconds)
+        # on_shutdown drained with the grace period; record anything that slipped in since
+        cut = await app[K.SERVICE].drain(0)
         if cut:
             log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
         for adapter in adapters.values():
             await adapter.aclose()
         await http.close()
 
+    async def drain_on_shutdown(app: web.Application) -> None:
+        """Runs before aiohttp waits for handlers: in-flight dispatches get the grace period,
+        and a second SIGTERM/SIGINT during it cuts it short (the rest are recorded unknown)."""
+        second_signal = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, second_signal.set)
+        if K.SERVICE in app:
+            cut = await app[K.SERVICE].drain(settings.server.shutdown_grace_seconds, second_signal)
+            if cut:
+                log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
+
+    app.on_shutdown.append(drain_on_shutdown)
     app.cleanup_ctx.append(redis_ctx)
     app.cleanup_ctx.append(adapters_ctx)
     for route in ROUTES:

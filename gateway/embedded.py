@@ -30,7 +30,13 @@ from typing import IO
 
 import redis
 
-__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "find_redis_server", "free_port"]
+__all__ = [
+    "EmbeddedRedis",
+    "EmbeddedRedisError",
+    "die_with_parent",
+    "find_redis_server",
+    "free_port",
+]
 
 _MAX_SOCKET_PATH = 100  # sun_path is 104 (macOS) to 108 (Linux) bytes
 
@@ -62,7 +68,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+def die_with_parent() -> None:  # pragma: no cover - runs in the child
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         pr_set_pdeathsig = 1
@@ -128,7 +134,7 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # only calls prctl(2): safe before exec
+            preexec_fn=die_with_parent,  # only calls prctl(2): safe before exec
         )
         deadline = time.monotonic() + timeout
         client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)

@@ -409,17 +409,27 @@ class EffectService:
             pass  # failed or unknown: recorded; nothing more for the relay to do
         await self._store.relay_drop(keys, step)
 
-    async def drain(self, within: float) -> int:
+    async def drain(self, within: float, cut_short: asyncio.Event | None = None) -> int:
         """Let in-flight dispatches finish and record their outcomes, for up to ``within``
-        seconds; cancel the rest and record them as ``unknown``. Returns how many were cut."""
+        seconds or until ``cut_short`` is set (a second SIGTERM); cancel the rest and record
+        them as ``unknown``. Returns how many were cut."""
         pending = dict(self._inflight)
         if not pending:
             return 0
-        _, still = (
-            await asyncio.wait(pending, timeout=within) if within > 0 else (set(), set(pending))
-        )
-        for task in still:
-            keys, step, dispatch_id = pending[task]
+        stop = cut_short or asyncio.Event()
+        stopper = asyncio.ensure_future(stop.wait())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        still: set[asyncio.Future[Any]] = set(pending)
+        while still and not stop.is_set() and (left := deadline - loop.time()) > 0:
+            done, _ = await asyncio.wait(
+                [*still, stopper], timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            still -= done
+        stopper.cancel()
+        for task, (keys, step, dispatch_id) in pending.items():
+            if task not in still:
+                continue
             task.cancel()
             try:
                 await self._store.record(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -346,3 +347,61 @@ def test_workers_share_the_port_and_one_redis(tmp_path: Path, serves: list[Serve
     assert s.stop(signal.SIGTERM) == 0
     assert all(wait_dead(p) for p in workers)
     assert wait_dead(redis_pid), "embedded redis-server outlived the workers"
+
+
+def test_second_sigterm_cuts_the_grace_short_and_records_unknown(
+    tmp_path: Path, serves: list[Serve]
+) -> None:
+    import socket
+    import threading
+
+    hang = socket.socket()  # a "downstream" that accepts the request and never answers
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(8)
+    slow_url = f"http://127.0.0.1:{hang.getsockname()[1]}/x"
+    extra = (
+        "[server]\nshutdown_grace_seconds = 60\n"
+        f'[adapters.slow]\ntype = "webhook"\nurl = "{slow_url}"\ntimeout_seconds = 120\n'
+    )
+    cfg = write_config(tmp_path, extra)
+    s = Serve(tmp_path, cfg)
+    serves.append(s)
+    s.wait_ready()
+    assert s.call("POST", "/v1/jobs/r/generations", {"generation": 1})[0] == 201
+    body = {"adapter": "slow", "operation": "x", "payload": {}}
+    headers = {"Fencing-Token": "1", "Content-Type": "application/json"}
+
+    def call() -> None:
+        with contextlib.suppress(OSError):  # cut short: the caller gets no answer
+            s.call("POST", "/v1/jobs/r/effects/s", body, headers)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    conn, _ = hang.accept()  # the dispatch is in flight
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert s.proc.poll() is None, "the first SIGTERM must wait for in-flight dispatches"
+    started = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(15) == 0
+    assert time.monotonic() - started < 10
+    conn.close()
+    hang.close()
+    with EmbeddedRedis(tmp_path / "data") as redis_after:
+        import redis as redis_lib
+
+        c = redis_lib.Redis.from_url(redis_after.url, decode_responses=True)
+        effect = c.hgetall("fg:{default/r}:fx:s")
+        c.close()
+    assert effect["state"] == "unknown" and "shut down" in effect["error"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_sigkilled_supervisor_leaves_no_orphan_workers(tmp_path: Path, serves: list[Serve]) -> None:
+    s = Serve(tmp_path, write_config(tmp_path), "--workers", "2")
+    serves.append(s)
+    s.wait_ready()
+    kids = children_of(s.proc.pid)
+    assert len(kids) == 3  # two workers and the embedded Redis
+    s.stop(signal.SIGKILL)
+    assert all(wait_dead(p) for p in kids), "a worker or Redis outlived a SIGKILLed supervisor"
