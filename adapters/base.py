@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = [
     "Adapter",
@@ -39,11 +39,21 @@ __all__ = [
     "NotDelivered",
     "Outcome",
     "Unknown",
+    "describe",
 ]
 
 
 class InvalidPayload(ValueError):
     """The payload does not fit the operation; the gateway answers 400 and sends nothing."""
+
+
+def describe(exc: ValidationError, prefix: str = "", root: str = "") -> str:
+    """A pydantic error as one line: ``prefix.a.b: message; …`` (``root`` for an empty path)."""
+    parts = []
+    for e in exc.errors():
+        path = ".".join(str(p) for p in e["loc"]) or root
+        parts.append(f"{prefix}{path}: {e['msg']}")
+    return "; ".join(parts)
 
 
 class AdapterConfig(BaseModel):

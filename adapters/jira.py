@@ -44,6 +44,7 @@ from adapters.base import (
     NotDelivered,
     Outcome,
     Unknown,
+    describe,
 )
 
 __all__ = ["JiraAdapter", "JiraConfig", "key_label"]
@@ -107,9 +108,7 @@ class JiraAdapter:
         try:
             parsed = model.model_validate(dict(payload))
         except ValidationError as exc:
-            raise InvalidPayload(
-                "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            ) from exc
+            raise InvalidPayload(describe(exc)) from exc
         if isinstance(parsed, CreateIssue) and any(
             not re.fullmatch(r"\S{1,255}", x) for x in parsed.labels
         ):

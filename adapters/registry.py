@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from adapters.base import Adapter, AdapterConfig, AdapterContext
+from adapters.base import Adapter, AdapterConfig, AdapterContext, describe
 
 __all__ = ["BUILTIN", "AdapterConfigError", "build_adapters", "load_type", "validate_configs"]
 
@@ -66,11 +66,7 @@ def _config(name: str, section: Mapping[str, Any]) -> tuple[Any, AdapterConfig]:
     try:
         config = cls.Config(**section)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"adapters.{name}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise AdapterConfigError(problems) from exc
+        raise AdapterConfigError(describe(exc, prefix=f"adapters.{name}.")) from exc
     return cls, config
 
 

@@ -47,6 +47,7 @@ from adapters.base import (
     NotDelivered,
     Outcome,
     Unknown,
+    describe,
 )
 
 __all__ = ["SendPayload", "SmtpAdapter", "SmtpConfig", "message_id_for"]
@@ -156,9 +157,7 @@ class SmtpAdapter:
         try:
             SendPayload.model_validate(dict(payload))
         except ValidationError as exc:
-            raise InvalidPayload(
-                "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            ) from exc
+            raise InvalidPayload(describe(exc)) from exc
 
     def _message(self, request: EffectRequest, p: SendPayload) -> EmailMessage:
         msg = EmailMessage()

@@ -17,6 +17,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from adapters.base import describe
 from gateway import appkeys as K
 from gateway.errors import BadToken, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
 from gateway.keys import JobKeys
@@ -185,10 +186,7 @@ async def _body(request: web.Request, model: type[BaseModel], *, empty_ok: bool 
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        raise InvalidRequest(problems) from exc
+        raise InvalidRequest(describe(exc, root="body")) from exc
 
 
 def _record_out(job_id: str, step: str, r: EffectRecord) -> EffectRecordOut:
