@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/fencegate.example.toml
 
-.PHONY: run test lint pytest bench chaos demo venv clean all
+.PHONY: run test lint pytest bench bench-soak chaos demo venv clean all
 
 all: test
 
@@ -32,6 +32,9 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint pytest
+
+bench-soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos.harness --long $(CHAOS_ARGS)

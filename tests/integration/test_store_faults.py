@@ -212,3 +212,22 @@ async def test_periodic_epoch_check_catches_a_restore_while_running(
         await asyncio.sleep(0.02)
     else:
         raise AssertionError("the restore was not detected")
+
+
+async def test_retention_expires_records_and_audit_but_never_fences(
+    make_gateway: Any, redis_sync: Any
+) -> None:
+    gw: Gateway = await make_gateway(fencing={"retention_seconds": 120})
+    await gw.register("r", generation=2)
+    await gw.effect("r", "a", 2)
+    await gw.effect("r", "b", 1)  # a stale call: audited
+    assert redis_sync.ttl("fg:{default/r}:job") == -1  # the fence never expires
+    for key in ("fg:{default/r}:fx:a", "fg:{default/r}:steps", "fg:{default/r}:audit"):
+        assert 0 < redis_sync.ttl(key) <= 120, key
+    # when the retention has passed (simulated by expiring the keys now), the fence still holds
+    for key in ("fg:{default/r}:fx:a", "fg:{default/r}:steps", "fg:{default/r}:audit"):
+        redis_sync.pexpire(key, 1)
+    await asyncio.sleep(0.05)
+    assert redis_sync.hget("fg:{default/r}:job", "fence") == "2"
+    stale = await gw.effect("r", "c", 1)
+    assert stale.status == 409 and (await stale.json())["code"] == "stale_generation"
