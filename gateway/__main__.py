@@ -227,6 +227,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             redis_url=url,
             state_file=data_dir / "fencegate.state",
             crash_hook=_crash_hook(args),
+            handle_signals=True,
         )
         log.info(
             "listening",

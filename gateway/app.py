@@ -94,6 +94,7 @@ def create_app(
     state_file: Path | None = None,
     secret: SecretReader = read_secret,
     crash_hook: Callable[[str], None] | None = None,
+    handle_signals: bool = False,
 ) -> web.Application:
     """Build the gateway. Adapter configs are validated here, before anything starts."""
     validate_configs(settings.adapters, secret)
@@ -193,10 +194,11 @@ def create_app(
         """Runs before aiohttp waits for handlers: in-flight dispatches get the grace period,
         and a second SIGTERM/SIGINT during it cuts it short (the rest are recorded unknown)."""
         second_signal = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, second_signal.set)
+        if handle_signals:  # only in `fencegate serve`, whose loop owns the process's signals
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, second_signal.set)
         if K.SERVICE in app:
             cut = await app[K.SERVICE].drain(settings.server.shutdown_grace_seconds, second_signal)
             if cut:

@@ -39,8 +39,8 @@ from gateway.models import (
     ResolveBody,
     iso_ms,
 )
+from gateway.records import EffectRecord
 from gateway.settings import NAME_RE
-from gateway.store import EffectRecord
 from gateway.tokens import parse_unsigned_token
 
 __all__ = ["ROUTES", "Route"]

@@ -45,15 +45,8 @@ from gateway.errors import (
 from gateway.intents import intent_digest
 from gateway.keys import JobKeys
 from gateway.metrics import Metrics
-from gateway.store import (
-    Admitted,
-    EffectRecord,
-    EffectState,
-    InProgress,
-    Queued,
-    Replay,
-    Store,
-)
+from gateway.records import Admitted, EffectRecord, EffectState, InProgress, Queued, Replay
+from gateway.store import Store
 
 __all__ = ["EffectResult", "EffectService"]
 
@@ -166,10 +159,16 @@ class EffectService:
             )
         # The deadline is monotonic and counted from before the admit: never later than Redis's.
         request = self._request(keys, step, generation, adapter_name, operation, payload, started)
-        task = asyncio.create_task(self._dispatch(keys, adapter, request, verdict))
-        self._inflight[task] = (keys, step, verdict.dispatch_id)
+        return await self._spawn(keys, adapter, request, verdict)
+
+    def _spawn(
+        self, keys: JobKeys, adapter: Adapter, request: EffectRequest, admitted: Admitted
+    ) -> asyncio.Future[EffectResult]:
+        """Run a dispatch in its own task, shielded from the caller, known to ``drain``."""
+        task = asyncio.create_task(self._dispatch(keys, adapter, request, admitted))
+        self._inflight[task] = (keys, request.step, admitted.dispatch_id)
         task.add_done_callback(lambda t: self._inflight.pop(t, None))
-        return await asyncio.shield(task)
+        return asyncio.shield(task)
 
     def _request(
         self,
@@ -397,11 +396,8 @@ class EffectService:
             keys, step, claim.generation, claim.adapter, claim.operation, claim.payload
         )
         admitted = Admitted(claim.dispatch_id, claim.generation, claim.deadline_ms, resolving=False)
-        task = asyncio.create_task(self._dispatch(keys, adapter, request, admitted))
-        self._inflight[task] = (keys, step, claim.dispatch_id)
-        task.add_done_callback(lambda t: self._inflight.pop(t, None))
         try:
-            await asyncio.shield(task)
+            await self._spawn(keys, adapter, request, admitted)
         except AdapterUnavailable:  # released: try again later, same key
             await self._store.relay_enqueue(keys, step, int(time.time() * 1000) + 1000)
             return

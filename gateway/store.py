@@ -1,8 +1,11 @@
 """The only module that talks to Redis: runs the Lua scripts and turns their replies into verdicts.
 
-Every decision (register, admit, record, heartbeat, cancel) is one script, one
-round trip. Script replies become typed verdicts (or typed rejections) in
-exactly one place, :func:`_rejection` and the ``_*_verdict`` helpers below.
+Every decision (register, admit, record, heartbeat, cancel, reject, resolve,
+relay claim) is one script, one round trip. Each method below turns its
+script's reply into a typed verdict (:mod:`gateway.records`); every rejection
+becomes its typed error in one place, :meth:`Store._rejected`. The durability
+checks around the store (markers, epochs, the audit chain) are in
+:mod:`gateway.durability`.
 
 Durability (SPEC §7): every deciding script first checks the durability marker
 of its job's slot (written for all 16384 slots by ``fencegate init``, see
@@ -14,15 +17,13 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 import structlog
@@ -32,6 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway import durability
 from gateway.errors import (
     BadToken,
     EffectNotUnknown,
@@ -46,7 +48,22 @@ from gateway.errors import (
     StoreUnavailable,
     UnregisteredGeneration,
 )
-from gateway.keys import EPOCH, MARKER, PREFIX, RELAY, SLOTS, JobKeys, audit_feed, slot_marker
+from gateway.keys import MARKER, RELAY, JobKeys, audit_feed
+from gateway.records import (
+    Admitted,
+    AdmitVerdict,
+    AuditCheck,
+    AuditEntry,
+    EffectRecord,
+    EffectState,
+    InProgress,
+    JobView,
+    Queued,
+    Registration,
+    RelayClaim,
+    Replay,
+    Unknown,
+)
 from gateway.tokens import MAX_GENERATION
 
 __all__ = [
@@ -79,138 +96,6 @@ SCRIPT_NAMES = (
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
 
-EffectState = Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
-
-
-@dataclass(frozen=True, slots=True)
-class EffectRecord:
-    """One step's effect as stored."""
-
-    state: EffectState
-    generation: int
-    intent_sha256: str
-    adapter: str
-    operation: str
-    result: Any
-    error: Any
-    updated_at_ms: int
-    created_at_ms: int
-    attempts: int
-    worker_id: str | None
-
-    @classmethod
-    def from_flat(cls, flat: Sequence[str]) -> EffectRecord:
-        return cls.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
-
-    @classmethod
-    def from_hash(cls, h: dict[str, str]) -> EffectRecord:
-        return cls(
-            state=h["state"],  # type: ignore[arg-type]
-            generation=int(h.get("generation") or 0),
-            intent_sha256=h.get("intent_sha256", ""),
-            adapter=h.get("adapter", ""),
-            operation=h.get("operation", ""),
-            result=json.loads(h["result"]) if h.get("result") else None,
-            error=json.loads(h["error"]) if h.get("error") else None,
-            updated_at_ms=int(h.get("updated_at") or 0),
-            created_at_ms=int(h.get("created_at") or 0),
-            attempts=int(h.get("attempts") or 0),
-            worker_id=h.get("worker_id") or None,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """The caller now holds the step and must dispatch, then record under ``dispatch_id``."""
-
-    dispatch_id: str
-    fence: int
-    deadline_ms: int
-    resolving: bool  # the step was ``unknown``; resolve through lookup / dedupes first
-
-
-@dataclass(frozen=True, slots=True)
-class Replay:
-    """The step already has a recorded outcome (succeeded or failed)."""
-
-    record: EffectRecord
-
-
-@dataclass(frozen=True, slots=True)
-class InProgress:
-    retry_after_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Unknown:
-    """The step's outcome is unknown and the adapter cannot resolve it."""
-
-    record: EffectRecord
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """Async: the intent is recorded (or already was) for the relay; ``state`` is where it is."""
-
-    state: str
-    generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class RelayClaim:
-    dispatch_id: str
-    generation: int
-    adapter: str
-    operation: str
-    payload: Any
-    deadline_ms: int
-
-
-AdmitVerdict = Admitted | Replay | InProgress | Unknown | Queued
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    generation: int
-    lease_expires_at_ms: int | None
-    created: bool
-
-
-@dataclass(frozen=True, slots=True)
-class JobView:
-    fence: int
-    lease_ms: int | None
-    lease_expires_at_ms: int | None
-    cancelled: bool
-    effects: dict[str, EffectRecord]
-
-
-@dataclass(frozen=True, slots=True)
-class AuditEntry:
-    id: str
-    at_ms: int
-    job_id: str
-    step: str | None
-    reason: str
-    presented: int | None
-    current: int | None
-    worker_id: str | None
-    adapter: str | None
-
-    @classmethod
-    def from_fields(cls, entry_id: str, f: dict[str, str]) -> AuditEntry:
-        return cls(
-            id=entry_id,
-            at_ms=int(f.get("at") or 0),
-            job_id=f.get("job_id", ""),
-            step=f.get("step") or None,
-            reason=f.get("reason", ""),
-            presented=int(f["presented"]) if f.get("presented") else None,
-            current=int(f["current"]) if f.get("current") else None,
-            worker_id=f.get("worker_id") or None,
-            adapter=f.get("adapter") or None,
-        )
-
 
 _REJECTIONS: dict[str, type[FencegateError]] = {
     c.code: c
@@ -236,18 +121,6 @@ _DETAILS = {
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
     "bad_token": "the fencing token is not valid",
 }
-
-
-def chain_hash(fields: Sequence[tuple[str, str]]) -> str:
-    """The audit chain's hash of one entry: SHA-1 over its "name=value" lines (before 'hash')."""
-    return hashlib.sha1("\n".join(f"{k}={v}" for k, v in fields).encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class AuditCheck:
-    jobs: int
-    entries: int
-    broken: list[str]
 
 
 def _lua_source(name: str) -> str:
@@ -322,90 +195,19 @@ class Store:
 
     # -- durability marker ---------------------------------------------------
 
-    async def _has_fencegate_data(self) -> bool:
-        async for _ in self._client.scan_iter(match=PREFIX + "*", count=1000):
-            return True
-        return False
-
     async def initialize(self, *, auto: bool, confirm_data_loss: bool = False) -> str:
-        """Write the durability marker when it is safe; return what happened.
-
-        ``auto`` is the implicit init at first start: it only writes the marker
-        on a Redis with no fencegate data when no earlier initialisation is
-        recorded in the state file. Otherwise ``confirm_data_loss`` is needed.
-        """
-
-        async def run() -> str:
-            if await self._client.get(MARKER) is not None and not confirm_data_loss:
-                if not await self._epoch_check():
-                    return "stale_snapshot"
-                return "present"
-            seen_before = self._state_file is not None and self._state_file.exists()
-            if (seen_before or await self._has_fencegate_data()) and not confirm_data_loss:
-                return "refused"
-            value = json.dumps({"id": secrets.token_hex(8), "created_at": time.time()})
-            # Slot markers first, the global one last: readiness means all are there.
-            # (MSET in chunks: 16384 keys in ~30 ms with appendfsync always.)
-            markers = [slot_marker(slot) for slot in range(SLOTS)]
-            for i in range(0, SLOTS, 2048):
-                await self._client.mset(dict.fromkeys(markers[i : i + 2048], value))
-            await self._client.set(MARKER, value)
-            # a fresh start: this Redis's epoch is the new baseline
-            self._write_state(int(await self._client.incr(EPOCH)))
-            return "written"
-
-        return await self._guard(run)
-
-    def _read_state(self) -> int:
-        """The highest Redis epoch this gateway has seen (0: none recorded)."""
-        if self._state_file is None or not self._state_file.exists():
-            return 0
-        try:
-            return int(json.loads(self._state_file.read_text(encoding="utf-8")).get("epoch", 0))
-        except (ValueError, AttributeError):
-            return 0
-
-    def _write_state(self, epoch: int) -> None:
-        if self._state_file is not None:
-            self._state_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._state_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"initialised": True, "epoch": epoch}), encoding="utf-8")
-            tmp.replace(self._state_file)
-
-    async def _epoch_check(self) -> bool:
-        """Detect a Redis restored from an older snapshot; bump the epoch otherwise.
-
-        The epoch counter lives in Redis and, as last seen, in the state file. A
-        Redis whose epoch is below what this gateway saw went back in time: fences
-        and outcomes written since may be gone. It is quarantined (its markers
-        removed, so every script fails closed) until ``init --confirm-data-loss``.
-        """
-        seen = self._read_state()
-        current = int(await self._client.get(EPOCH) or 0)
-        if current < seen:
-            await self._quarantine()
-            log.error(
-                "redis_older_than_last_seen",
-                redis_epoch=current,
-                last_seen_epoch=seen,
-                detail="Redis was restored from an older snapshot: dispatching is refused until "
-                "`fencegate init --confirm-data-loss`",
+        """Write the durability markers when it is safe (see :mod:`gateway.durability`)."""
+        return await self._guard(
+            lambda: durability.initialize(
+                self._client, self._state_file, auto=auto, confirm_data_loss=confirm_data_loss
             )
-            return False
-        self._write_state(int(await self._client.incr(EPOCH)))
-        return True
-
-    async def _quarantine(self) -> None:
-        await self._client.delete(MARKER)
-        markers = [slot_marker(slot) for slot in range(SLOTS)]
-        for i in range(0, SLOTS, 2048):
-            await self._client.delete(*markers[i : i + 2048])
+        )
 
     async def heartbeat_epoch(self) -> bool:
         """Periodic epoch check (the app runs it every few seconds)."""
         if await self._guard(lambda: self._client.get(MARKER)) is None:
             return False
-        return await self._guard(self._epoch_check)
+        return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
 
     async def ready(self) -> dict[str, bool]:
         """Readiness: Redis answers, scripts loaded, durability marker present."""
@@ -731,32 +533,7 @@ class Store:
 
     async def verify_audit(self) -> AuditCheck:
         """Recompute every job's audit hash chain (``fencegate audit verify``)."""
-        jobs = entries = 0
-        broken: list[str] = []
-
-        async def run() -> None:
-            nonlocal jobs, entries
-            async for stream in self._client.scan_iter(match="fg:{*}:audit", count=1000):
-                jobs += 1
-                # decode_responses=True: every key, field and value is a str
-                rows: list[tuple[str, dict[str, str]]] = await self._client.xrange(stream)  # type: ignore[assignment]
-                prev: str | None = None
-                for entry_id, fields in rows:
-                    entries += 1
-                    items = [(k, v) for k, v in fields.items() if k != "hash"]
-                    if chain_hash(items) != fields.get("hash"):
-                        broken.append(f"{stream} {entry_id}: entry altered")
-                    if prev is not None and fields.get("prev") != prev:
-                        broken.append(f"{stream} {entry_id}: previous entry missing or altered")
-                    prev = fields.get("hash")
-                head: str | None = await self._client.hget(  # type: ignore[assignment]
-                    stream[: -len(":audit")] + ":job", "audit_head"
-                )
-                if rows and head != prev:
-                    broken.append(f"{stream}: newest entries missing (chain head {head})")
-
-        await self._guard(run)
-        return AuditCheck(jobs, entries, broken)
+        return await self._guard(lambda: durability.verify_audit(self._client))
 
     async def audit(
         self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None
