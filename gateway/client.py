@@ -54,6 +54,7 @@ from gateway.errors import (
     UnregisteredGeneration,
     error_for_code,
 )
+from gateway.records import EffectResult
 from gateway.tokens import sign_token
 
 __all__ = [
@@ -95,18 +96,6 @@ class Generation:
     token: str
     lease_expires_at: str | None
     created: bool
-
-
-@dataclass(frozen=True, slots=True)
-class EffectResult:
-    job_id: str
-    step: str
-    generation: int
-    state: str
-    replayed: bool
-    idempotency_key: str
-    adapter: str
-    result: Any
 
 
 def mint_token(

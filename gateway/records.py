@@ -14,6 +14,7 @@ __all__ = [
     "AuditCheck",
     "AuditEntry",
     "EffectRecord",
+    "EffectResult",
     "EffectState",
     "InProgress",
     "JobView",
@@ -63,6 +64,20 @@ class EffectRecord:
             attempts=int(h.get("attempts") or 0),
             worker_id=h.get("worker_id") or None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class EffectResult:
+    """What an effect call answers (the gateway's service and the SDK share it)."""
+
+    job_id: str
+    step: str
+    generation: int
+    state: str
+    replayed: bool
+    idempotency_key: str
+    adapter: str
+    result: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,6 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -45,7 +44,15 @@ from gateway.errors import (
 from gateway.intents import intent_digest
 from gateway.keys import JobKeys
 from gateway.metrics import Metrics
-from gateway.records import Admitted, EffectRecord, EffectState, InProgress, Queued, Replay
+from gateway.records import (
+    Admitted,
+    EffectRecord,
+    EffectResult,
+    EffectState,
+    InProgress,
+    Queued,
+    Replay,
+)
 from gateway.store import Store
 
 __all__ = ["EffectResult", "EffectService"]
@@ -55,18 +62,6 @@ log = structlog.get_logger("fencegate.service")
 # Record retries when Redis blips right after a dispatch: the effect happened,
 # so try hard to write it down before giving up to `unknown`.
 _RECORD_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
-
-
-@dataclass(frozen=True, slots=True)
-class EffectResult:
-    job_id: str
-    step: str
-    generation: int
-    state: str
-    replayed: bool
-    idempotency_key: str
-    adapter: str
-    result: Any
 
 
 class EffectService:
