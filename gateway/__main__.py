@@ -21,9 +21,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
@@ -34,7 +34,11 @@ from gateway import __version__
 from gateway.embedded import EmbeddedRedis, EmbeddedRedisError, die_with_parent
 from gateway.errors import FencegateError
 from gateway.logging import configure_logging
+from gateway.records import AuditCheck
 from gateway.settings import NAME_RE, ConfigError, Settings, load_settings, read_secret
+
+if TYPE_CHECKING:
+    from gateway.store import Store
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_REFUSED = 0, 1, 2, 3
 
@@ -127,7 +131,7 @@ def _crash_hook(args: argparse.Namespace) -> Callable[[str], None] | None:
 def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> int:
     """N processes on one port (SO_REUSEPORT) and one Redis; this process supervises them."""
     data_dir = Path(settings.redis.data_dir)
-    result = asyncio.run(_init_auto(url, data_dir / "fencegate.state"))
+    result = asyncio.run(_init(url, data_dir / "fencegate.state", auto=True))
     log.info("workers_starting", workers=args.workers, durability_marker=result)
     argv = [
         sys.executable,
@@ -169,21 +173,27 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     return max(child.returncode for child in children)
 
 
-async def _init_auto(url: str, state_file: Path) -> str:
+@contextlib.asynccontextmanager
+async def _cli_store(url: str, state_file: Path | None = None) -> AsyncIterator[Store]:
+    """A short-lived store for CLI commands (init, audit verify, the workers' supervisor)."""
     from gateway.store import Store, connect
 
-    client = connect(url, timeout=5, max_connections=2)
+    client = connect(url, timeout=10, max_connections=2)
     try:
-        store = Store(
+        yield Store(
             client,
             registration="required",
             dispatch_timeout_ms=1,
             retention_seconds=60,
             state_file=state_file,
         )
-        return await store.initialize(auto=True)
     finally:
         await client.aclose()
+
+
+async def _init(url: str, state_file: Path, *, auto: bool, confirm: bool = False) -> str:
+    async with _cli_store(url, state_file) as store:
+        return await store.initialize(auto=auto, confirm_data_loss=confirm)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -275,30 +285,15 @@ def _cli_redis_url(settings: Settings) -> tuple[str, EmbeddedRedis | None]:
     return embedded.start(), embedded
 
 
-async def _init(url: str, state_file: Path, confirm: bool) -> str:
-    from gateway.store import Store, connect
-
-    client = connect(url, timeout=5, max_connections=2)
-    try:
-        store = Store(
-            client,
-            registration="required",
-            dispatch_timeout_ms=1,
-            retention_seconds=60,
-            state_file=state_file,
-        )
-        return await store.initialize(auto=False, confirm_data_loss=confirm)
-    finally:
-        await client.aclose()
-
-
 def cmd_init(args: argparse.Namespace) -> int:
     settings = _settings(args)
     configure_logging()
     data_dir = Path(settings.redis.data_dir)
     url, embedded = _cli_redis_url(settings)
     try:
-        result = asyncio.run(_init(url, data_dir / "fencegate.state", args.confirm_data_loss))
+        result = asyncio.run(
+            _init(url, data_dir / "fencegate.state", auto=False, confirm=args.confirm_data_loss)
+        )
     finally:
         if embedded is not None:
             embedded.stop()
@@ -387,20 +382,12 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
-    from gateway.store import Store, connect
-
     settings = _settings(args)
     url, embedded = _cli_redis_url(settings)
 
-    async def run() -> Any:
-        client = connect(url, timeout=10, max_connections=2)
-        try:
-            store = Store(
-                client, registration="required", dispatch_timeout_ms=1, retention_seconds=60
-            )
+    async def run() -> AuditCheck:
+        async with _cli_store(url) as store:
             return await store.verify_audit()
-        finally:
-            await client.aclose()
 
     try:
         check = asyncio.run(run())

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from adapters.base import describe
 from gateway import appkeys as K
+from gateway.auth import Principal
 from gateway.errors import BadToken, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
 from gateway.keys import JobKeys
 from gateway.metrics import CONTENT_TYPE
@@ -83,12 +84,17 @@ def _name(value: str, what: str) -> str:
     return value
 
 
-def _job(request: web.Request, *roles: str) -> JobKeys:
+def _job_as(request: web.Request, *roles: str) -> tuple[JobKeys, Principal]:
+    """Authenticate, authorise, and name the job in the caller's tenant."""
     principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
     principal.require(*roles)
     job_id = _name(request.match_info["job"], "job id")
     structlog.contextvars.bind_contextvars(job_id=job_id, tenant=principal.tenant)
-    return JobKeys(principal.tenant, job_id)
+    return JobKeys(principal.tenant, job_id), principal
+
+
+def _job(request: web.Request, *roles: str) -> JobKeys:
+    return _job_as(request, *roles)[0]
 
 
 def _step(request: web.Request) -> str:
@@ -294,12 +300,11 @@ async def get_effect(request: web.Request) -> web.Response:
 
 
 async def resolve_effect(request: web.Request) -> web.Response:
-    keys = _job(request, "auditor")
+    keys, principal = _job_as(request, "auditor")
     step = _step(request)
     body: ResolveBody = await _body(request, ResolveBody)
     if body.outcome == "not_delivered" and body.result is not None:
         raise InvalidRequest("a result only goes with outcome 'delivered'")
-    principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
     record = await request.app[K.STORE].resolve(
         keys, step, delivered=body.outcome == "delivered", result=body.result,
         operator=f"operator:{principal.role}",
