@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -15,25 +16,31 @@ from gateway.settings import ConfigError
 from tests.conftest import Gateway
 from tests.peers import JiraPeer, StripePeer
 
+P = TypeVar("P", StripePeer, JiraPeer)
 
-@pytest.fixture
-async def stripe() -> AsyncIterator[StripePeer]:
-    peer = StripePeer()
+
+@contextlib.asynccontextmanager
+async def serving(peer: P) -> AsyncIterator[P]:
+    """Run a protocol peer on a loopback port; its ``url`` is set while it runs."""
     server = TestServer(peer.app(), host="127.0.0.1", port=0)
     await server.start_server()
     peer.url = str(server.make_url("")).rstrip("/")
-    yield peer
-    await server.close()
+    try:
+        yield peer
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def stripe() -> AsyncIterator[StripePeer]:
+    async with serving(StripePeer()) as peer:
+        yield peer
 
 
 @pytest.fixture
 async def jira() -> AsyncIterator[JiraPeer]:
-    peer = JiraPeer()
-    server = TestServer(peer.app(), host="127.0.0.1", port=0)
-    await server.start_server()
-    peer.url = str(server.make_url("")).rstrip("/")
-    yield peer
-    await server.close()
+    async with serving(JiraPeer()) as peer:
+        yield peer
 
 
 @pytest.fixture
