@@ -4,7 +4,7 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY adapters ./adapters
 COPY examples ./examples
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir '.[fast]'
 USER nobody
 EXPOSE 8080
 ENTRYPOINT ["fencegate"]

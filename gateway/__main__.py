@@ -239,17 +239,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
             crash_hook=_crash_hook(args),
             handle_signals=True,
         )
+        loop, loop_name = _new_event_loop(settings.server.event_loop)
         log.info(
             "listening",
             host=host,
             port=port,
             registration=settings.fencing.registration,
+            event_loop=loop_name,
             version=__version__,
         )
-        gc.collect()
-        gc.freeze()  # start-up objects leave the GC's young generations: steadier tail latency
+        _tame_gc()
         web.run_app(
             app,
+            loop=loop,
             host=host,
             port=port,
             print=None,
@@ -265,6 +267,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if embedded is not None:
             embedded.stop()
             log.info("embedded_redis_stopped")
+
+
+def _new_event_loop(choice: str) -> tuple[asyncio.AbstractEventLoop, str]:
+    """uvloop when chosen or (``auto``) installed; it runs the same code with less overhead."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":  # pragma: no cover - the settings check this first
+                raise
+        else:
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+            asyncio.set_event_loop(loop)
+            return loop, "uvloop"
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    return loop, "asyncio"
+
+
+def _tame_gc() -> None:
+    """Steadier tail latency under load (measured with ``make bench``, p99/p50).
+
+    Objects alive after start-up (modules, settings, scripts) leave the collector's
+    generations, and the young generation is collected every 10,000 net
+    allocations rather than 700: a request allocates a few hundred objects, nearly
+    all freed by reference counting, so young collections were frequent and
+    found almost nothing.
+    """
+    gc.collect()
+    gc.freeze()
+    _, second, third = gc.get_threshold()
+    gc.set_threshold(10_000, second, third)
 
 
 def _cli_redis_url(settings: Settings) -> tuple[str, EmbeddedRedis | None]:

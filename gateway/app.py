@@ -26,6 +26,7 @@ from gateway import appkeys as K
 from gateway.auth import Authenticator
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.handlers import ROUTES
+from gateway.logging import end_request, request_context
 from gateway.metrics import Metrics
 from gateway.openapi import build_openapi
 from gateway.problems import from_http_exception, problem_response
@@ -46,9 +47,8 @@ async def _request_middleware(
     request: web.Request, handler: Callable[[web.Request], object]
 ) -> web.StreamResponse:
     """Problems for every error, and one canonical log line per request."""
-    structlog.contextvars.clear_contextvars()
     request_id = request.headers.get("X-Request-Id", "")[:64] or uuid.uuid4().hex[:16]
-    structlog.contextvars.bind_contextvars(request_id=request_id)
+    context = request_context(request_id=request_id)
     started = time.perf_counter()
     metrics = request.app[K.METRICS]
     error: FencegateError | None = None
@@ -66,19 +66,18 @@ async def _request_middleware(
         metrics.problems.labels(error.code, str(error.http_status)).inc()
         if isinstance(error, Rejection) or error.code == "bad_token":
             metrics.rejections.labels(error.code).inc()
-            structlog.contextvars.bind_contextvars(
-                presented=error.fields.get("presented"), current=error.fields.get("current")
-            )
-        structlog.contextvars.bind_contextvars(outcome=error.code)
+            context["presented"] = error.fields.get("presented")
+            context["current"] = error.fields.get("current")
+        context["outcome"] = error.code
     assert isinstance(response, web.StreamResponse)
     response.headers["X-Request-Id"] = request_id
     elapsed = time.perf_counter() - started
     route = request.match_info.route.resource
     metrics.request_seconds.labels(route.canonical if route else "-").observe(elapsed)
+    end_request()  # the context goes into this line explicitly, whatever the processor chain
     log.info(
         "request",
-        # explicit, so the canonical line is complete whatever the processor chain
-        **structlog.contextvars.get_contextvars(),
+        **context,
         method=request.method,
         path=request.path,
         status=response.status,
@@ -146,6 +145,7 @@ def create_app(
         except StoreUnavailable as exc:
             log.warning("redis_unavailable_at_start", detail=exc.detail)
         app[K.STORE] = store
+        app[K.METRICS].watch(store.batcher)
 
         async def epochs() -> None:
             while True:
@@ -158,6 +158,7 @@ def create_app(
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
+        await store.batcher.aclose()
         await client.aclose()
 
     async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:

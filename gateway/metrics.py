@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.batching import Batcher
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -51,5 +57,26 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
         )
 
+    def watch(self, batcher: Batcher) -> None:
+        """Export the auto-pipeline's counters: commands / batches is the batching factor."""
+        self.registry.register(_BatcherCollector(batcher))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _BatcherCollector(Collector):
+    def __init__(self, batcher: Batcher) -> None:
+        self._batcher = batcher
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "fencegate_redis_batches",
+            "Pipelined writes to Redis (one per event-loop tick with Redis work).",
+            value=self._batcher.batches,
+        )
+        yield CounterMetricFamily(
+            "fencegate_redis_commands",
+            "Commands sent through the auto-pipeline (scripts and audit feed copies).",
+            value=self._batcher.commands,
+        )

@@ -10,6 +10,7 @@ key (:class:`ConfigError`).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import tomllib
@@ -56,6 +57,15 @@ class ServerSettings(_Section):
     # /metrics answers only peers on a loopback address unless this is true
     # (put it behind your scrape network's own controls before enabling).
     metrics_public: bool = False
+    # "auto": uvloop when it is installed (the `fast` extra), else asyncio's own loop.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+
+    @field_validator("event_loop")
+    @classmethod
+    def _loop_installed(cls, value: str) -> str:
+        if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("uvloop is not installed: pip install 'fencegate[fast]'")
+        return value
 
 
 class RedisSettings(_Section):

@@ -34,6 +34,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import durability
+from gateway.batching import Batcher
 from gateway.errors import (
     BadToken,
     EffectNotUnknown,
@@ -151,7 +152,14 @@ class Store:
         self._retention = str(retention_seconds)
         self._retention_ms = retention_seconds * 1000
         self._state_file = state_file
-        self._scripts = {name: client.register_script(_lua_source(name)) for name in SCRIPT_NAMES}
+        self._sources = {name: _lua_source(name) for name in SCRIPT_NAMES}
+        self._scripts = {name: client.register_script(src) for name, src in self._sources.items()}
+        self._batcher = Batcher(client)
+
+    @property
+    def batcher(self) -> Batcher:
+        """The auto-pipeline every script and the audit feed go through."""
+        return self._batcher
 
     @property
     def client(self) -> aioredis.Redis:
@@ -182,9 +190,12 @@ class Store:
         await self._guard(load)
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[str]) -> list[Any]:
-        """One script, one round trip (EVALSHA; redis-py reloads it on NOSCRIPT)."""
+        """One script, one round trip, pipelined with the others of this tick (EVALSHA; EVAL on
+        NOSCRIPT, see :mod:`gateway.batching`)."""
         script = self._scripts[name]
-        reply: list[Any] = await self._guard(lambda: script(keys=keys, args=args))
+        reply: list[Any] = await self._guard(
+            lambda: self._batcher.evalsha(script.sha, self._sources[name], keys, args)
+        )
         if reply[0] == 8:
             raise StoreUnavailable(
                 "Redis has lost fencegate's data (the durability marker of this job's slot is "
@@ -234,7 +245,7 @@ class Store:
         Best effort: the entry is already in the job's stream, written atomically
         with the decision, so a failed copy must not turn a true 409 into a 503.
         """
-        entry: dict[Any, Any] = {
+        entry = {
             "at": audit_id.split("-")[0],
             "tenant": keys.tenant,
             "job_id": keys.job_id,
@@ -242,11 +253,10 @@ class Store:
             **fields,
         }
         min_id = f"{int(time.time() * 1000) - self._retention_ms}-0"
-        try:
+        xadd = ("XADD", audit_feed(keys.tenant), "MINID", "~", min_id, "*")
+        try:  # pipelined with this tick's scripts
             await self._guard(
-                lambda: self._client.xadd(
-                    audit_feed(keys.tenant), entry, minid=min_id, approximate=True
-                )
+                lambda: self._batcher.execute(*xadd, *(x for kv in entry.items() for x in kv))
             )
         except StoreUnavailable:
             log.warning("audit_feed_copy_failed", job_id=keys.job_id, audit_id=audit_id)

@@ -136,6 +136,7 @@ async def test_id_of_exactly_128_chars_is_fine(gw: Gateway) -> None:
         b'{"adapter": "hook", "operation": "", "payload": {}}',
         b'{"adapter": "ho:ok", "operation": "send", "payload": {}}',
         b'{"adapter": "hook", "operation": "send", "payload": {"x": NaN}}',
+        b'{"adapter": "hook", "operation": "send", "payload": {"x": "\\ud800"}}',
         b'{"adapter": "hook", "operation": "bad op", "payload": {}}',
         b"",
         b"[" * 100_000 + b"]" * 100_000,

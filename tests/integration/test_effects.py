@@ -317,3 +317,27 @@ async def test_metrics_count_effects_and_rejections(gw: Gateway) -> None:
     assert 'fencegate_effects_total{adapter="hook",outcome="replayed"} 1.0' in text
     assert 'fencegate_rejections_total{reason="stale_generation"} 1.0' in text
     assert "fencegate_dispatch_seconds_bucket" in text
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        (b"1180591620717411303424", 2**70),  # beyond orjson's 64 bits: the stdlib parses it
+        (b"1e16", 1e16),
+        (b'"caf\\u00e9 \xe2\x82\xac"', "café €"),
+    ],
+)
+async def test_payloads_mean_the_same_whichever_json_parser_reads_them(
+    gw: Gateway, upstream: Upstream, raw: bytes, value: Any
+) -> None:
+    """Bodies are parsed by orjson, and by the stdlib where orjson refuses; the meaning (what
+    reaches the downstream, what the intent pin hashes) is the stdlib's either way."""
+    assert (await gw.register("parse", generation=1)).status == 201
+    body = b'{"adapter": "hook", "operation": "send", "payload": {"v": ' + raw + b"}}"
+    headers = {"Fencing-Token": "1", "Content-Type": "application/json"}
+    for replayed in (False, True):  # the same bytes again pin to the same intent: a replay
+        resp = await gw.client.post("/v1/jobs/parse/effects/s", data=body, headers=headers)
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["replayed"] is replayed
+    assert len(upstream.received) == 1
+    assert upstream.received[0].json()["v"] == value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -165,6 +166,30 @@ def test_fence_survives_gateway_restart_and_redis_stops_with_it(
     assert wait_dead(redis_pid)
 
 
+@pytest.mark.parametrize("choice", ["auto", "asyncio"])
+def test_event_loop_choice_and_json_log_lines(
+    tmp_path: Path, serves: list[Serve], choice: str
+) -> None:
+    """uvloop when installed (auto), asyncio's loop on request; either way the log is JSON
+    lines (rendered by orjson) with one complete canonical line per request."""
+    s = Serve(tmp_path, write_config(tmp_path, f"[server]\nevent_loop = '{choice}'"))
+    serves.append(s)
+    s.wait_ready()
+    assert s.call("POST", "/v1/jobs/loop/generations", {"generation": 1})[0] == 201
+    assert s.call("POST", "/v1/jobs/loop/fence", headers={"Fencing-Token": "1"})[0] == 200
+    assert s.stop() == 0
+    events = [json.loads(line) for line in s.output().splitlines() if line.startswith("{")]
+    (listening,) = [e for e in events if e["event"] == "listening"]
+    installed = importlib.util.find_spec("uvloop") is not None
+    assert listening["event_loop"] == ("uvloop" if choice == "auto" and installed else "asyncio")
+    requests = [e for e in events if e["event"] == "request" and e["path"].startswith("/v1/")]
+    assert [(e["status"], e["job_id"], e.get("generation")) for e in requests] == [
+        (201, "loop", 1),
+        (200, "loop", 1),
+    ]
+    assert all(e["level"] == "info" and e["timestamp"].endswith("Z") for e in requests)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_sigkilled_gateway_leaves_no_orphan_redis(tmp_path: Path, serves: list[Serve]) -> None:
     s = Serve(tmp_path, write_config(tmp_path))
@@ -215,6 +240,7 @@ def test_refuses_public_bind_without_keys(tmp_path: Path) -> None:
         ("[fencing]\nregistration = 'sometimes'", "fencing.registration"),
         ("[adapters.x]\ntype = 'webhook'\nurl = 'not a url'", "adapters.x.url"),
         ("[adapters.y]\ntype = 'carrier-pigeon'", "carrier-pigeon"),
+        ("[server]\nevent_loop = 'trio'", "server.event_loop"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path: Path, extra: str, needle: str) -> None:
