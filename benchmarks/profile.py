@@ -24,8 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
-
+from benchmarks.loadgen import LeanClient
 from benchmarks.run import LOAD_CORE, RESULTS, Stack, pin, run_loop
 
 
@@ -56,37 +55,36 @@ async def drive(stack: Stack, scenario: str, n: int, concurrency: int, on_ready:
     run_id = secrets.token_hex(3)
     jobs = [f"prof-{run_id}-{i}" for i in range(n)]
     body = {"adapter": "hook", "operation": "send", "payload": {"to": ["a@example.com"]}}
-    conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{stack.gw_port}", connector=conn) as gw:
+    gw = LeanClient("127.0.0.1", stack.gw_port)
 
-        async def each(call: object) -> None:
-            it = iter(range(n))
+    async def each(raws: list[bytes], expect: int) -> None:
+        it = iter(raws)
 
-            async def worker() -> None:
-                for i in it:
-                    await call(i)  # type: ignore[operator]
+        async def worker() -> None:
+            for raw in it:
+                status, answer = await gw.send(raw)
+                assert status == expect, (status, answer[:200])
 
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
 
-        async def register(i: int, gen: int = 1) -> None:
-            async with gw.post(f"/v1/jobs/{jobs[i]}/generations", json={"generation": gen}) as r:
-                assert r.status == 201, await r.text()
+    def register(gen: int) -> list[bytes]:
+        return [LeanClient.build("POST", f"/v1/jobs/{j}/generations", {"generation": gen})
+                for j in jobs]  # fmt: skip
 
-        async def effect(i: int, token: str = "1", expect: int = 200) -> None:
-            async with gw.post(
-                f"/v1/jobs/{jobs[i]}/effects/notify", json=body, headers={"Fencing-Token": token}
-            ) as r:
-                await r.read()
-                assert r.status == expect, r.status
-
-        await each(register)
+    effects = [
+        LeanClient.build("POST", f"/v1/jobs/{j}/effects/notify", body, {"Fencing-Token": "1"})
+        for j in jobs
+    ]
+    try:
+        await each(register(1), 201)
         if scenario in ("replay", "stale"):
-            await each(effect)
+            await each(effects, 200)
         if scenario == "stale":
-            await each(lambda i: register(i, 2))
+            await each(register(2), 201)
         on_ready()  # type: ignore[operator]
-        expect = 409 if scenario == "stale" else 200
-        await each(lambda i: effect(i, "1", expect))
+        await each(effects, 409 if scenario == "stale" else 200)
+    finally:
+        gw.close()
 
 
 def main() -> None:
@@ -97,7 +95,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--native", action="store_true", help="include C frames (py-spy --native)")
     args = parser.parse_args()
+    extra = ["--native"] if args.native else []
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     pin(0, LOAD_CORE)
     RESULTS.mkdir(exist_ok=True)
@@ -108,7 +108,7 @@ def main() -> None:
 
         def start() -> None:
             cmd = [spy, "record", "--pid", str(stack.gateway.pid), "--rate", "500",
-                   "--format", "raw", "--output", str(out), "--nonblocking"]  # fmt: skip
+                   "--format", "raw", "--output", str(out), "--nonblocking", *extra]  # fmt: skip
             recorder.append(
                 subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             )

@@ -35,34 +35,83 @@ import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import aiohttp
-
+from benchmarks.loadgen import LeanClient
 from gateway.embedded import EmbeddedRedis, free_port
 from gateway.keys import JobKeys
 from gateway.store import Store, connect
 
+T = TypeVar("T")
 RESULTS = Path(__file__).parent / "results"
 UPSTREAM = """
-import sys
+import asyncio, sys
 from aiohttp import web
+try:
+    import uvloop
+    loop = uvloop.new_event_loop()
+except ImportError:
+    loop = asyncio.new_event_loop()
 async def hook(request):
     await request.read()
     return web.json_response({"ok": True})
 app = web.Application()
 app.router.add_post("/hook", hook)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None, loop=loop)
 """
+
+
+def run_loop(main: Awaitable[T]) -> T:
+    """The load generator's event loop: uvloop when installed, as the servers use.
+
+    With asyncio's own loop the load generator saturated its core before the
+    bare aiohttp server did (column "load generator busy"), which made the L2
+    floor look lower than the server's real capacity.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)  # type: ignore[arg-type]
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)  # type: ignore[arg-type]
+
+
 CORES = os.cpu_count() or 1
 PIN = sys.platform.startswith("linux") and CORES >= 2
 SERVER_CORES = set(range(CORES - 1)) if PIN else set()
 LOAD_CORE = {CORES - 1} if PIN else set()
+SHARED = os.environ.get("BENCH_PLACEMENT") == "shared"  # the older layout, for comparison
 
 
 def pin(pid: int, cores: set[int]) -> None:
     if cores:
         os.sched_setaffinity(pid, cores)
+
+
+def core_ticks() -> dict[int, tuple[int, int]]:
+    """Per core: (busy, total) jiffies from /proc/stat."""
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except FileNotFoundError:
+        return out
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            values = [int(v) for v in fields[:8]]
+            idle = values[3] + values[4]  # idle + iowait
+            out[int(name[3:])] = (sum(values) - idle, sum(values))
+    return out
+
+
+def core_busy(before: dict[int, tuple[int, int]], cores: set[int]) -> float | None:
+    after = core_ticks()
+    busy = total = 0
+    for c in cores:
+        if c in before and c in after:
+            busy += after[c][0] - before[c][0]
+            total += after[c][1] - before[c][1]
+    return round(busy / total, 2) if total else None
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -136,13 +185,23 @@ url = "http://127.0.0.1:{self.up_port}/hook"
         )  # fmt: skip
         wait_http(f"http://127.0.0.1:{self.gw_port}/readyz")
         self.gateway_pids = [self.gateway.pid, *(children(self.gateway.pid) if workers > 1 else [])]
-        for pid in (
-            *self.gateway_pids,
-            self.upstream.pid,
-            self.redis.process.pid if self.redis.process else 0,
-        ):
+        self.place("floors")
+
+    def place(self, phase: str) -> None:
+        """Pin each server so the one being measured has the server core(s) to itself.
+
+        floors: Redis and the upstream on the server cores (L1 and L2 measure them
+        alone there; the gateway is idle). gateway: the gateway alone on the
+        server cores; Redis and the upstream move to the load generator's core,
+        as in production, where neither shares the gateway's cores (column
+        "load core busy" shows whether that core became the limit).
+        """
+        helpers = [self.upstream.pid, self.redis.process.pid if self.redis.process else 0]
+        for pid in self.gateway_pids:
+            pin(pid, SERVER_CORES)
+        for pid in helpers:
             if pid:
-                pin(pid, SERVER_CORES)
+                pin(pid, SERVER_CORES if phase == "floors" or SHARED else LOAD_CORE)
 
     def stop(self) -> None:
         for p in (self.gateway, self.upstream):
@@ -170,9 +229,12 @@ async def measure(
             latencies.append(time.perf_counter() - t0)
 
     cpu0 = cpu_seconds(pids or [])
+    cores0 = core_ticks()
+    own0 = time.process_time()
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
+    own = time.process_time() - own0
     q = statistics.quantiles(latencies, n=1000)
     row: dict[str, Any] = {
         "name": name,
@@ -182,10 +244,14 @@ async def measure(
         "p50_ms": round(q[499] * 1000, 3),
         "p99_ms": round(q[989] * 1000, 3),
         "p999_ms": round(q[998] * 1000, 3),
+        # busy share of its core: near 1.0 means the load generator, not the server, is the limit
+        "loadgen_busy": round(own / elapsed, 2),
+        "server_core_busy": core_busy(cores0, SERVER_CORES),
+        "load_core_busy": core_busy(cores0, LOAD_CORE),
     }
     if pids:
-        row["gateway_cpu_s_per_1000"] = round((cpu_seconds(pids) - cpu0) / n * 1000, 3)
-        row["gateway_peak_rss_mb"] = peak_rss_mb(pids)
+        row["server_cpu_s_per_1000"] = round((cpu_seconds(pids) - cpu0) / n * 1000, 3)
+        row["server_peak_rss_mb"] = peak_rss_mb(pids)
     return row
 
 
@@ -201,46 +267,52 @@ async def run_stack(
         "operation": "send",
         "payload": {"to": ["a@example.com"], "subject": "hi"},
     }
-    conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{stack.gw_port}", connector=conn) as gw:
+    gw = LeanClient("127.0.0.1", stack.gw_port)
+    build = LeanClient.build
 
-        async def register(i: int, gen: int = 1) -> None:
-            async with gw.post(f"/v1/jobs/{jobs[i]}/generations", json={"generation": gen}) as r:
-                assert r.status == 201, await r.text()
+    def calls(
+        raws: list[bytes], expect: int
+    ) -> Callable[[int], Awaitable[None]]:  # requests built before the clock starts
+        async def call(i: int) -> None:
+            status, answer = await gw.send(raws[i])
+            assert status == expect, (status, answer[:200])
 
-        def effect(
-            token: str, expect: int, step: str = "notify"
-        ) -> Callable[[int], Awaitable[None]]:
-            async def call(i: int) -> None:
-                async with gw.post(
-                    f"/v1/jobs/{jobs[i]}/effects/{step}",
-                    json=body,
-                    headers={"Fencing-Token": token},
-                ) as r:
-                    await r.read()
-                    assert r.status == expect, r.status
+        return call
 
-            return call
+    def register(gen: int) -> Callable[[int], Awaitable[None]]:
+        raws = [build("POST", f"/v1/jobs/{j}/generations", {"generation": gen}) for j in jobs]
+        return calls(raws, 201)
 
-        async def heartbeat(i: int) -> None:
-            async with gw.post(f"/v1/jobs/{jobs[i]}/fence", headers={"Fencing-Token": "1"}) as r:
-                await r.read()
-                assert r.status == 200, r.status
+    def effect(token: str, expect: int, step: str = "notify") -> Callable[[int], Awaitable[None]]:
+        headers = {"Fencing-Token": token}
+        raws = [build("POST", f"/v1/jobs/{j}/effects/{step}", body, headers) for j in jobs]
+        return calls(raws, expect)
 
-        await measure("register", n, concurrency, register)
+    heartbeat = calls(
+        [build("POST", f"/v1/jobs/{j}/fence", None, {"Fencing-Token": "1"}) for j in jobs], 200
+    )
+    try:
+        await measure("register", n, concurrency, register(1))
+        # warm-up, not measured: the gateway opens its upstream and Redis connections
+        # (64 at once on the first wave) and the allocator settles
+        await measure("warm-up", n // 5, concurrency, effect("1", 200, "warm-up"))
         if not only_g1:
+            stack.place("floors")
             rows += await floors(stack, n, concurrency)
+        stack.place("gateway")
         rows.append(await measure("G1 effect, accepted", n, concurrency, effect("1", 200), pids))
         if only_g1:
             return rows
         rows.append(await measure("G2 effect, replayed", n, concurrency, effect("1", 200), pids))
         rows.append(await measure("G4 heartbeat", n, concurrency, heartbeat, pids))
-        await measure("register g2", n, concurrency, lambda i: register(i, 2))
+        await measure("register g2", n, concurrency, register(2))
         rows.append(await measure("G3 effect, stale 409", n, concurrency, effect("1", 409), pids))
         # one connection: the gateway's own latency over a direct upstream call
-        await measure("register g3", n, concurrency, lambda i: register(i, 3))
+        await measure("register g3", n, concurrency, register(3))
         one = min(n, 2000)
         rows.append(await measure("G1 at 1 connection", one, 1, effect("3", 200, "single"), pids))
+    finally:
+        gw.close()
     return rows
 
 
@@ -256,11 +328,11 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     await store.register(keys, 1, None)
     admit, record = store._scripts["admit-5"], store._scripts["record-1"]
 
-    async def admit_raw(i: int) -> None:
+    async def admit_raw(i: int, prefix: str = "s") -> None:  # a new step each: a real write
         await client.evalsha(
-            admit.sha, 5, keys.job, keys.effect(f"s{i}"), keys.audit, keys.steps, keys.marker,
-            "1", "required", "0" * 64, "hook", "send", f"d{i}", "30000", "3600", "0",
-            keys.job_id, f"s{i}", "", "default", "",
+            admit.sha, 5, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
+            keys.marker, "1", "required", "0" * 64, "hook", "send", f"d{i}", "30000", "3600",
+            "0", keys.job_id, f"{prefix}{i}", "", "default", "",
         )  # fmt: skip
 
     async def record_raw(i: int) -> None:
@@ -270,16 +342,24 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
 
     rows.append(await measure("L1 raw EVALSHA admit", n, concurrency, admit_raw))
     rows.append(await measure("L1 raw EVALSHA record", n, concurrency, record_raw))
+    # one at a time: the round trip of a durable write (appendfsync always: one fsync each)
+    one = min(n, 2000)
+    rows.append(await measure("L1 admit at 1 connection", one, 1, lambda i: admit_raw(i, "one")))
+    await store.aclose()
     await client.aclose()
-    conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{stack.up_port}", connector=conn) as up:
+    up = LeanClient("127.0.0.1", stack.up_port)
+    raw = LeanClient.build("POST", "/hook", {"to": ["a@example.com"], "subject": "hi"})
 
-        async def direct(i: int) -> None:
-            async with up.post("/hook", json={"to": ["a@example.com"]}) as r:
-                await r.read()
+    async def direct(i: int) -> None:
+        status, _ = await up.send(raw)
+        assert status == 200, status
 
-        rows.append(await measure("L2 bare aiohttp JSON server", n, concurrency, direct))
-        rows.append(await measure("L2 at 1 connection", min(n, 2000), 1, direct))
+    up_pid = [stack.upstream.pid]
+    try:
+        rows.append(await measure("L2 bare aiohttp JSON server", n, concurrency, direct, up_pid))
+        rows.append(await measure("L2 at 1 connection", min(n, 2000), 1, direct, up_pid))
+    finally:
+        up.close()
     return rows
 
 
@@ -290,14 +370,16 @@ def markdown(record: dict[str, Any]) -> str:
         f"{record['requests']} requests at {record['concurrency']} connections, "
         f"{record['pinning']}",
         "",
-        "| measurement | req/s | p50 ms | p99 ms | p99.9 ms | CPU s / 1000 | peak RSS MB | x L2 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| measurement | req/s | p50 ms | p99 ms | p99.9 ms | server CPU s / 1000 | peak RSS MB "
+        "| load generator busy | server core busy | load core busy | x L2 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['rps']:,.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | "
-            f"{r.get('gateway_cpu_s_per_1000', '')} | {r.get('gateway_peak_rss_mb', '')} | "
-            f"{r.get('ratio_to_l2', '')} |"
+            f"{r.get('server_cpu_s_per_1000', '')} | {r.get('server_peak_rss_mb', '')} | "
+            f"{r.get('loadgen_busy', '')} | {r.get('server_core_busy', '')} | "
+            f"{r.get('load_core_busy', '')} | {r.get('ratio_to_l2', '')} |"
         )
     lines += ["", *(f"- {k}: {v}" for k, v in record["derived"].items())]
     return "\n".join(lines)
@@ -318,7 +400,7 @@ def main() -> None:
         for workers in worker_counts:
             stack = Stack(Path(tmp), workers)
             try:
-                got = asyncio.run(
+                got = run_loop(
                     run_stack(stack, args.requests, args.concurrency, only_g1=bool(rows))
                 )
             finally:
@@ -334,6 +416,7 @@ def main() -> None:
         if r["name"].startswith("G"):
             r["ratio_to_l2"] = round(r["rps"] / l2, 3)
     g1_one, l2_one = by["G1 at 1 connection"], by["L2 at 1 connection"]
+    l1_one = by["L1 admit at 1 connection"]
     g1 = by["G1 effect, accepted"]
     derived = {
         "G1/L2, G2/L2, G3/L2": ", ".join(
@@ -348,13 +431,21 @@ def main() -> None:
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)": (
             f"{g1_one['p50_ms'] - l2_one['p50_ms']:.3f} / {g1_one['p99_ms'] - l2_one['p99_ms']:.3f}"
         ),
+        # an accepted call makes two durable writes (admit, record): their fsyncs are Redis's
+        "the same minus two durable Redis writes (L1 admit at 1 connection), p50 / p99 (ms)": (
+            f"{g1_one['p50_ms'] - l2_one['p50_ms'] - 2 * l1_one['p50_ms']:.3f} / "
+            f"{g1_one['p99_ms'] - l2_one['p99_ms'] - 2 * l1_one['p99_ms']:.3f}"
+        ),
     }  # fmt: skip
     record = {
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": CORES, "python": platform.python_version(),
                     "platform": platform.platform()},
-        "pinning": f"load generator on cores {sorted(LOAD_CORE)}, servers on {sorted(SERVER_CORES)}"
-        if PIN else "not pinned (needs Linux and >= 2 cores)",
+        "pinning": (
+            f"load generator on cores {sorted(LOAD_CORE)}; L1/L2: Redis / upstream on "
+            f"{sorted(SERVER_CORES)}; G: gateway on {sorted(SERVER_CORES)}, Redis and upstream on "
+            f"{sorted(SERVER_CORES if SHARED else LOAD_CORE)}"
+        ) if PIN else "not pinned (needs Linux and >= 2 cores)",
         "requests": args.requests,
         "concurrency": args.concurrency,
         "results": rows,

@@ -179,15 +179,14 @@ async def _cli_store(url: str, state_file: Path | None = None) -> AsyncIterator[
     from gateway.store import Store, connect
 
     client = connect(url, timeout=10, max_connections=2)
+    store = Store(
+        client, registration="required", dispatch_timeout_ms=1, retention_seconds=60,
+        state_file=state_file,
+    )  # fmt: skip
     try:
-        yield Store(
-            client,
-            registration="required",
-            dispatch_timeout_ms=1,
-            retention_seconds=60,
-            state_file=state_file,
-        )
+        yield store
     finally:
+        await store.aclose()
         await client.aclose()
 
 

@@ -158,7 +158,7 @@ def create_app(
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
-        await store.batcher.aclose()
+        await store.aclose()
         await client.aclose()
 
     async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:

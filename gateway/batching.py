@@ -18,8 +18,9 @@ Semantics are those of one command at a time, per command:
   no reply yet, under the connection's own :class:`~redis.asyncio.retry.Retry`
   policy, exactly as redis-py does for a single command (the deciding scripts
   are safe to re-run: admit and record carry the dispatch id);
-* a timeout or any other failure fails every command still without a reply
-  and drops the connection (its state is unknown), never re-sending;
+* a timeout (``redis.timeout_seconds`` for the whole exchange) or any other
+  failure fails every command still without a reply and drops the connection
+  (its state is unknown), never re-sending;
 * a caller that gives up (its request was cancelled) does not disturb the
   batch: its reply is read and dropped, so the connection stays in step.
 
@@ -36,6 +37,7 @@ from typing import Any
 import hiredis
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["Batcher"]
 
@@ -58,7 +60,17 @@ class Batcher:
     """Queues commands per event-loop tick and sends each tick's queue as one pipeline."""
 
     def __init__(self, client: aioredis.Redis) -> None:
-        self._pool = client.connection_pool
+        # Its own pool, like the client's but without a per-socket-operation timeout:
+        # redis-py implements that with a wait_for (a task) per send and a timer per
+        # reply; the batcher bounds the whole exchange with one timeout instead.
+        source = client.connection_pool
+        self._timeout = source.connection_kwargs.get("socket_timeout") or 5.0
+        self._pool = aioredis.BlockingConnectionPool(
+            connection_class=source.connection_class,
+            max_connections=source.max_connections,
+            timeout=self._timeout,
+            **{**source.connection_kwargs, "socket_timeout": None},
+        )
         self._pending: list[_Call] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # counters for the metrics and the tests
@@ -102,10 +114,14 @@ class Batcher:
                 raise
             return
         try:
-            await conn.retry.call_with_retry(
-                lambda: self._exchange(conn, calls),
-                lambda _error: conn.disconnect(nowait=True),
-            )
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await conn.retry.call_with_retry(
+                        lambda: self._exchange(conn, calls),
+                        lambda _error: conn.disconnect(nowait=True),
+                    )
+            except TimeoutError:
+                raise RedisTimeoutError(f"no reply from Redis within {self._timeout} s") from None
         except BaseException as exc:
             await conn.disconnect(nowait=True)  # mid-exchange: its state is unknown
             _fail(calls, exc)
@@ -131,9 +147,10 @@ class Batcher:
                 _settle(call, reply)
 
     async def aclose(self) -> None:
-        """Wait for the batches in flight (shutdown)."""
+        """Wait for the batches in flight, then close the connections (shutdown)."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._pool.disconnect()
 
 
 async def _roundtrip(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:

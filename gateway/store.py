@@ -156,6 +156,10 @@ class Store:
         self._scripts = {name: client.register_script(src) for name, src in self._sources.items()}
         self._batcher = Batcher(client)
 
+    async def aclose(self) -> None:
+        """Finish the pipelined batches in flight and close their connections."""
+        await self._batcher.aclose()
+
     @property
     def batcher(self) -> Batcher:
         """The auto-pipeline every script and the audit feed go through."""
