@@ -104,6 +104,7 @@ def main() -> None:
     out = RESULTS / f"profile-{args.scenario}.txt"
     with tempfile.TemporaryDirectory(prefix="fencegate-prof-") as tmp:
         stack = Stack(Path(tmp), 1)
+        stack.place("gateway")
         recorder: list[subprocess.Popen[bytes]] = []
 
         def start() -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -47,7 +47,7 @@ async def _request_middleware(
     request: web.Request, handler: Callable[[web.Request], object]
 ) -> web.StreamResponse:
     """Problems for every error, and one canonical log line per request."""
-    request_id = request.headers.get("X-Request-Id", "")[:64] or uuid.uuid4().hex[:16]
+    request_id = request.headers.get("X-Request-Id", "")[:64] or os.urandom(8).hex()
     context = request_context(request_id=request_id)
     started = time.perf_counter()
     metrics = request.app[K.METRICS]
@@ -63,9 +63,9 @@ async def _request_middleware(
         error = InternalError("internal error; see the gateway's log for the request id")
     if error is not None:
         response = problem_response(error)
-        metrics.problems.labels(error.code, str(error.http_status)).inc()
+        metrics.problem_counter(error.code, str(error.http_status)).inc()
         if isinstance(error, Rejection) or error.code == "bad_token":
-            metrics.rejections.labels(error.code).inc()
+            metrics.rejection_counter(error.code).inc()
             context["presented"] = error.fields.get("presented")
             context["current"] = error.fields.get("current")
         context["outcome"] = error.code
@@ -73,7 +73,7 @@ async def _request_middleware(
     response.headers["X-Request-Id"] = request_id
     elapsed = time.perf_counter() - started
     route = request.match_info.route.resource
-    metrics.request_seconds.labels(route.canonical if route else "-").observe(elapsed)
+    metrics.request_timer(route.canonical if route else "-").observe(elapsed)
     end_request()  # the context goes into this line explicitly, whatever the processor chain
     log.info(
         "request",

@@ -9,15 +9,15 @@ dict update, merging a dict copy. JSON is rendered by orjson straight to bytes.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Iterable, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
-import orjson
 import structlog
+
+from gateway import fastjson
 
 __all__ = ["bind", "configure_logging", "end_request", "redactor", "request_context"]
 
@@ -50,13 +50,6 @@ def _merge_request(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableM
     return event
 
 
-def _dumps(event: Any, default: Any = None) -> bytes:
-    try:
-        return orjson.dumps(event, default=default)
-    except TypeError:  # what orjson cannot represent (integers beyond 64 bits): the stdlib
-        return json.dumps(event, default=default).encode()
-
-
 _SENSITIVE_KEYS = frozenset({"authorization", "api_key", "password", "secret", "token_key"})
 
 
@@ -84,7 +77,7 @@ def configure_logging(
     """Configure structlog for the process. ``json=None``: JSON unless stderr is a TTY."""
     as_json = (not sys.stderr.isatty()) if json is None else json
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer(serializer=_dumps)
+        structlog.processors.JSONRenderer(serializer=fastjson.dumps)
         if as_json
         else structlog.dev.ConsoleRenderer()
     )

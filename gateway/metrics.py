@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -56,6 +57,13 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
         )
+
+        # labels() validates and locks on every call; the hot path asks for a few
+        # label combinations over and over, so their children are kept here
+        self.request_timer = functools.lru_cache(maxsize=512)(self.request_seconds.labels)
+        self.problem_counter = functools.lru_cache(maxsize=512)(self.problems.labels)
+        self.rejection_counter = functools.lru_cache(maxsize=64)(self.rejections.labels)
+        self.effect_counter = functools.lru_cache(maxsize=512)(self.effects.labels)
 
     def watch(self, batcher: Batcher) -> None:
         """Export the auto-pipeline's counters: commands / batches is the batching factor."""

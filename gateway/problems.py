@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
+from gateway import fastjson
 from gateway.errors import (
     FencegateError,
     InternalError,
@@ -30,7 +29,7 @@ def problem_response(exc: FencegateError) -> web.Response:
     if exc.fields.get("replayed"):
         headers["Idempotent-Replayed"] = "true"
     return web.Response(
-        body=json.dumps(exc.problem()).encode(),
+        body=fastjson.dumps(exc.problem()),
         status=exc.http_status,
         content_type=PROBLEM_JSON,
         headers=headers,

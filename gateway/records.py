@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from gateway import fastjson
 
 __all__ = [
     "AdmitVerdict",
@@ -57,8 +58,8 @@ class EffectRecord:
             intent_sha256=h.get("intent_sha256", ""),
             adapter=h.get("adapter", ""),
             operation=h.get("operation", ""),
-            result=json.loads(h["result"]) if h.get("result") else None,
-            error=json.loads(h["error"]) if h.get("error") else None,
+            result=fastjson.loads(h["result"]) if h.get("result") else None,
+            error=fastjson.loads(h["error"]) if h.get("error") else None,
             updated_at_ms=int(h.get("updated_at") or 0),
             created_at_ms=int(h.get("created_at") or 0),
             attempts=int(h.get("attempts") or 0),

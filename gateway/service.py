@@ -146,7 +146,7 @@ class EffectService:
                 dispatch_deadline_in_ms=verdict.retry_after_ms,
             )
         if not isinstance(verdict, Admitted):
-            self._metrics.effects.labels(adapter_name, "unknown_refused").inc()
+            self._metrics.effect_counter(adapter_name, "unknown_refused").inc()
             raise OutcomeUnknown(
                 "an earlier dispatch of this step has an unknown outcome and the adapter "
                 "cannot resolve it; an operator must resolve it",
@@ -214,7 +214,7 @@ class EffectService:
         )
 
     def _replay(self, keys: JobKeys, step: str, record: EffectRecord) -> EffectResult:
-        self._metrics.effects.labels(record.adapter, "replayed").inc()
+        self._metrics.effect_counter(record.adapter, "replayed").inc()
         if record.state == "failed":
             raise EffectFailed(
                 "the downstream permanently refused this effect (recorded)",
@@ -256,7 +256,7 @@ class EffectService:
                 log.exception("lookup_failed", adapter=adapter.name, key=request.idempotency_key)
                 found = None
             if isinstance(found, Delivered):
-                self._metrics.effects.labels(adapter.name, "resolved_by_lookup").inc()
+                self._metrics.effect_counter(adapter.name, "resolved_by_lookup").inc()
                 return found
             if isinstance(found, NotDelivered):
                 return None  # known not done: dispatch again under the same key
@@ -311,10 +311,10 @@ class EffectService:
                     observed=state,
                     detail="the step was resolved or re-claimed while this dispatch ran",
                 )
-            self._metrics.effects.labels(adapter_name, state).inc()
+            self._metrics.effect_counter(adapter_name, state).inc()
             return state
         log.error("record_failed", key=request.idempotency_key, observed=state)
-        self._metrics.effects.labels(adapter_name, "unrecorded").inc()
+        self._metrics.effect_counter(adapter_name, "unrecorded").inc()
         raise OutcomeUnknown(
             f"the effect was dispatched ({state}) but Redis could not record the outcome; "
             "the step will read as unknown",

@@ -76,6 +76,9 @@ class Upstream:
     delay: float = 0.0
     gate: asyncio.Event | None = None
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    # ends "hang" and "drop" handlers at teardown: aiohttp's server shutdown would
+    # otherwise wait up to its 60 s grace for a handler still in progress
+    released: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -88,9 +91,9 @@ class Upstream:
         if self.behaviour == "drop":
             assert request.transport is not None
             request.transport.close()
-            await asyncio.sleep(3600)
+            await self.released.wait()
         if self.behaviour == "hang":
-            await asyncio.sleep(3600)
+            await self.released.wait()
         if isinstance(self.behaviour, int):
             return web.json_response({"error": "as configured"}, status=self.behaviour)
         return web.json_response({"ok": True, "n": len(self.received)})
@@ -107,6 +110,7 @@ async def upstream() -> AsyncIterator[Upstream]:
     yield up
     if up.gate is not None:
         up.gate.set()
+    up.released.set()
     await server.close()
 
 
