@@ -4,9 +4,10 @@
 
 Registers ``--jobs`` jobs, then performs ``--calls`` accepted effect calls spread over them
 (calls/jobs steps per job, each a new effect record), at 64 connections, against the same
-pinned stack as ``benchmarks.run``. Reports req/s in the first and the last tenth of the run,
-the gateway's peak RSS, Redis memory per call, and ``MEMORY USAGE`` of one job's fence hash,
-one effect record and one steps set. Measurements only; nothing is asserted.
+pinned stack as ``benchmarks.run`` (the gateway alone on the server core). Reports req/s in
+the first and the last tenth of the run, the gateway's peak RSS, Redis memory per call, and
+``MEMORY USAGE`` of one job's fence hash, one effect record and one steps set.
+Measurements only; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -16,44 +17,48 @@ import asyncio
 import json
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import redis
 
-from benchmarks.run import LOAD_CORE, RESULTS, Stack, peak_rss_mb, pin
+from benchmarks.loadgen import LeanClient
+from benchmarks.run import LOAD_CORE, RESULTS, Stack, peak_rss_mb, pin, run_loop
 
 
 async def soak(stack: Stack, calls: int, jobs: int, concurrency: int) -> dict[str, Any]:
     run = f"soak{int(time.time())}"
     body = {"adapter": "hook", "operation": "send", "payload": {"to": ["a@example.com"]}}
-    conn = aiohttp.TCPConnector(limit=concurrency)
     tenths: list[float] = []
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{stack.gw_port}", connector=conn) as gw:
-        ids = iter(range(jobs))
+    gw = LeanClient("127.0.0.1", stack.gw_port)
+    token = {"Fencing-Token": "1"}
 
-        async def register() -> None:
-            for j in ids:
-                async with gw.post(f"/v1/jobs/{run}-{j}/generations", json={"generation": 1}) as r:
-                    assert r.status == 201
+    async def each(raws: Iterator[bytes], expect: int) -> None:
+        async def worker() -> None:
+            for raw in raws:
+                status, answer = await gw.send(raw)
+                assert status == expect, (status, answer[:200])
 
-        await asyncio.gather(*(register() for _ in range(concurrency)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    try:
+        await each(
+            (LeanClient.build("POST", f"/v1/jobs/{run}-{j}/generations", {"generation": 1})
+             for j in range(jobs)),
+            201,
+        )  # fmt: skip
         r0 = redis.Redis.from_url(stack.redis.url)
         mem_before = r0.info("memory")["used_memory"]
         tenth = max(1, calls // 10)
         for start in range(0, calls, tenth):
-            batch = iter(range(start, min(start + tenth, calls)))
-
-            async def worker(batch: Any = batch) -> None:
-                for i in batch:
-                    url = f"/v1/jobs/{run}-{i % jobs}/effects/s{i // jobs}"
-                    async with gw.post(url, json=body, headers={"Fencing-Token": "1"}) as r:
-                        await r.read()
-                        assert r.status == 200, r.status
-
+            raws = (
+                LeanClient.build("POST", f"/v1/jobs/{run}-{i % jobs}/effects/s{i // jobs}", body,
+                                 token)
+                for i in range(start, min(start + tenth, calls))
+            )  # fmt: skip
             t0 = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await each(raws, 200)
             tenths.append(round(tenth / (time.perf_counter() - t0), 1))
         mem_after = r0.info("memory")["used_memory"]
         sample = f"fg:{{default/{run}-0}}"
@@ -64,6 +69,8 @@ async def soak(stack: Stack, calls: int, jobs: int, concurrency: int) -> dict[st
             "stored_result_bytes": len(r0.hget(f"{sample}:fx:s0", "result") or b""),
         }
         r0.close()
+    finally:
+        gw.close()
     return {
         "calls": calls,
         "jobs": jobs,
@@ -86,8 +93,9 @@ def main() -> None:
     pin(0, LOAD_CORE)
     with tempfile.TemporaryDirectory(prefix="fencegate-soak-") as tmp:
         stack = Stack(Path(tmp), 1)
+        stack.place("gateway")
         try:
-            result = asyncio.run(soak(stack, args.calls, args.jobs, args.concurrency))
+            result = run_loop(soak(stack, args.calls, args.jobs, args.concurrency))
         finally:
             stack.stop()
     result["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
