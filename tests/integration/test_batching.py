@@ -5,8 +5,10 @@ timeouts — exactly as if each command had been sent alone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -38,6 +40,19 @@ def sha(source: str) -> str:
     return hashlib.sha1(source.encode()).hexdigest()
 
 
+@contextlib.asynccontextmanager
+async def batcher_on(
+    url: str, *, max_connections: int, redis_timeout: float = 5
+) -> AsyncIterator[Batcher]:
+    client = connect(url, timeout=redis_timeout, max_connections=max_connections)
+    batcher = Batcher(client)
+    try:
+        yield batcher
+    finally:
+        await batcher.aclose()
+        await client.aclose()
+
+
 @pytest.fixture
 def counter() -> str:
     return f"batch-test:{uuid.uuid4().hex}"
@@ -46,10 +61,8 @@ def counter() -> str:
 async def test_one_tick_is_one_write_and_every_caller_gets_its_own_reply(
     redis_url: str, redis_sync: redis.Redis, counter: str
 ) -> None:
-    client = connect(redis_url, timeout=5, max_connections=4)
-    batcher = Batcher(client)
     redis_sync.script_load(ECHO)
-    try:
+    async with batcher_on(redis_url, max_connections=4) as batcher:
         n = 600  # more than MAX_BATCH: split into several writes in the same tick
         futures = [
             batcher.evalsha(sha(ECHO), ECHO, [f"k{i}", counter], [f"v{i}"]) for i in range(n)
@@ -62,17 +75,12 @@ async def test_one_tick_is_one_write_and_every_caller_gets_its_own_reply(
         # one more call alone: its own batch, in the next tick, no waiting
         assert await batcher.evalsha(sha(ECHO), ECHO, ["x", counter], ["y"]) == ["x", "y"]
         assert batcher.batches == -(-n // MAX_BATCH) + 1
-    finally:
-        await batcher.aclose()
-        await client.aclose()
 
 
 async def test_an_error_reply_belongs_to_its_own_command_only(
     redis_url: str, redis_sync: redis.Redis, counter: str
 ) -> None:
-    client = connect(redis_url, timeout=5, max_connections=2)
-    batcher = Batcher(client)
-    try:
+    async with batcher_on(redis_url, max_connections=2) as batcher:
         futures = [
             batcher.evalsha(
                 sha(MAYBE_FAIL), MAYBE_FAIL, [f"k{i}", counter], ["fail" if i % 3 == 0 else "ok"]
@@ -88,18 +96,13 @@ async def test_an_error_reply_belongs_to_its_own_command_only(
                 assert reply == [f"k{i}", "ok"]
         assert got[30] == "OK" and redis_sync.get(f"{counter}:plain") == "v"
         assert int(redis_sync.get(counter)) == 20  # the failing ones changed nothing
-    finally:
-        await batcher.aclose()
-        await client.aclose()
 
 
 async def test_noscript_is_answered_by_eval_and_loads_the_script_again(
     redis_url: str, redis_sync: redis.Redis, counter: str
 ) -> None:
     source = ECHO + f" -- {uuid.uuid4().hex}"  # a script Redis has never seen
-    client = connect(redis_url, timeout=5, max_connections=2)
-    batcher = Batcher(client)
-    try:
+    async with batcher_on(redis_url, max_connections=2) as batcher:
         futures = [
             batcher.evalsha(sha(source), source, [f"k{i}", counter], ["v"]) for i in range(40)
         ]
@@ -108,18 +111,15 @@ async def test_noscript_is_answered_by_eval_and_loads_the_script_again(
         assert got[:40] == [[f"k{i}", "v"] for i in range(40)] and got[40] in ("PONG", True)
         assert int(redis_sync.get(counter)) == 40
         assert redis_sync.script_exists(sha(source)) == [True]
-    finally:
-        await batcher.aclose()
-        await client.aclose()
 
 
 async def test_cancelled_callers_do_not_desynchronise_the_connection(
     redis_url: str, redis_sync: redis.Redis, counter: str
 ) -> None:
-    client = connect(redis_url, timeout=5, max_connections=1)  # one connection: any skew shows
-    batcher = Batcher(client)
     redis_sync.script_load(SLOW)
-    try:
+    async with batcher_on(
+        redis_url, max_connections=1
+    ) as batcher:  # one connection: any skew shows
 
         async def call(i: int) -> Any:
             return await batcher.evalsha(sha(SLOW), SLOW, [f"k{i}", counter], [f"v{i}", "5"])
@@ -135,42 +135,34 @@ async def test_cancelled_callers_do_not_desynchronise_the_connection(
         after = await asyncio.gather(*(call(100 + i) for i in range(10)))
         assert after == [[f"k{100 + i}", f"v{100 + i}"] for i in range(10)]
         assert int(redis_sync.get(counter)) == 30  # cancelled callers' commands still ran once
-    finally:
-        await batcher.aclose()
-        await client.aclose()
 
 
 async def test_a_dropped_connection_resends_only_the_commands_without_a_reply(
     redis_url: str, redis_sync: redis.Redis, counter: str
 ) -> None:
-    client = connect(redis_url, timeout=5, max_connections=1)
-    batcher = Batcher(client)
     redis_sync.script_load(ECHO)
     killer = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        await batcher.execute("CLIENT", "SETNAME", "victim")
-        assert await batcher.evalsha(sha(ECHO), ECHO, ["a", counter], ["1"]) == ["a", "1"]
-        killer.execute_command("CLIENT", "PAUSE", "300", "WRITE")  # scripts wait; KILL does not
-        pending = batcher.evalsha(sha(ECHO), ECHO, ["b", counter], ["2"])
-        await asyncio.sleep(0.05)  # sent, held by the pause
-        (victim,) = [c for c in killer.client_list() if c["name"] == "victim"]
-        assert killer.client_kill_filter(_id=victim["id"]) == 1  # the reply can never come
-        assert await pending == ["b", "2"]  # re-sent on a new connection, answered
-        assert int(redis_sync.get(counter)) == 2  # "a" was not re-sent; "b" ran once
+        async with batcher_on(redis_url, max_connections=1) as batcher:
+            await batcher.execute("CLIENT", "SETNAME", "victim")
+            assert await batcher.evalsha(sha(ECHO), ECHO, ["a", counter], ["1"]) == ["a", "1"]
+            killer.execute_command("CLIENT", "PAUSE", "300", "WRITE")  # scripts wait, KILL not
+            pending = batcher.evalsha(sha(ECHO), ECHO, ["b", counter], ["2"])
+            await asyncio.sleep(0.05)  # sent, held by the pause
+            (victim,) = [c for c in killer.client_list() if c["name"] == "victim"]
+            assert killer.client_kill_filter(_id=victim["id"]) == 1  # the reply can never come
+            assert await pending == ["b", "2"]  # re-sent on a new connection, answered
+            assert int(redis_sync.get(counter)) == 2  # "a" was not re-sent; "b" ran once
     finally:
         killer.execute_command("CLIENT", "UNPAUSE")
         killer.close()
-        await batcher.aclose()
-        await client.aclose()
 
 
 async def test_a_timeout_fails_the_batch_without_resending_and_the_next_batch_works(
     redis_url: str, redis_sync: redis.Redis, counter: str
 ) -> None:
-    client = connect(redis_url, timeout=0.2, max_connections=1)
-    batcher = Batcher(client)
     redis_sync.script_load(SLOW)
-    try:
+    async with batcher_on(redis_url, max_connections=1, redis_timeout=0.2) as batcher:
         futures = [
             batcher.evalsha(sha(SLOW), SLOW, [f"k{i}", counter], ["v", "150"]) for i in range(3)
         ]
@@ -179,9 +171,6 @@ async def test_a_timeout_fails_the_batch_without_resending_and_the_next_batch_wo
         await asyncio.sleep(0.5)  # let Redis finish what it was given
         assert int(redis_sync.get(counter)) == 3  # what was sent ran once; nothing re-sent
         assert await batcher.evalsha(sha(ECHO), ECHO, ["z", counter], ["ok"]) == ["z", "ok"]
-    finally:
-        await batcher.aclose()
-        await client.aclose()
 
 
 async def test_concurrent_effect_calls_share_pipelined_writes(gw: Any) -> None:
