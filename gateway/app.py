@@ -75,6 +75,8 @@ async def _request_middleware(
     route = request.match_info.route.resource
     metrics.request_timer(route.canonical if route else "-").observe(elapsed)
     end_request()  # the context goes into this line explicitly, whatever the processor chain
+    if response.status < 400 and request.app[K.SETTINGS].server.request_log == "problems":
+        return response
     log.info(
         "request",
         **context,
@@ -180,9 +182,11 @@ def create_app(
         )
         relay = asyncio.create_task(app[K.SERVICE].relay_forever())
         yield
+        app[K.SERVICE].stop_relay()
         relay.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await relay
+        done, _ = await asyncio.wait({relay}, timeout=settings.redis.timeout_seconds + 3)
+        if relay not in done:  # never hang the shutdown on it (see relay_forever)
+            log.error("relay_did_not_stop", detail="continuing the shutdown without it")
         # on_shutdown drained with the grace period; record anything that slipped in since
         cut = await app[K.SERVICE].drain(0)
         if cut:

@@ -9,6 +9,7 @@ dict update, merging a dict copy. JSON is rendered by orjson straight to bytes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Iterable, MutableMapping
@@ -53,15 +54,20 @@ def _merge_request(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableM
 _SENSITIVE_KEYS = frozenset({"authorization", "api_key", "password", "secret", "token_key"})
 
 
+@functools.lru_cache(maxsize=4096)
+def _sensitive(key: str) -> bool:  # event keys are few and repeat: decide each once
+    return key.lower() in _SENSITIVE_KEYS
+
+
 def redactor(secrets: Iterable[str]) -> structlog.types.Processor:
     """A processor that blanks known secret values wherever they appear in an event."""
     values = tuple(s for s in secrets if s)
 
     def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        for key, value in list(event.items()):
-            if key.lower() in _SENSITIVE_KEYS:
+        for key, value in event.items():  # values are replaced in place: no keys added
+            if _sensitive(key):
                 event[key] = "[redacted]"
-            elif isinstance(value, str) and values:
+            elif values and isinstance(value, str):
                 for secret in values:
                     if secret in value:
                         value = value.replace(secret, "[redacted]")

@@ -87,6 +87,12 @@ class EffectService:
         # in-flight dispatch -> what to record if shutdown cuts it short
         self._inflight: dict[asyncio.Task[EffectResult], tuple[JobKeys, str, str]] = {}
         self.relay_wakeup = asyncio.Event()
+        self._relay_stopping = False
+
+    def stop_relay(self) -> None:
+        """Ask :meth:`relay_forever` to return at its next turn (shutdown)."""
+        self._relay_stopping = True
+        self.relay_wakeup.set()
 
     def adapter(self, name: str) -> Adapter:
         try:
@@ -359,8 +365,14 @@ class EffectService:
 
     async def relay_forever(self, *, interval: float = 0.25, batch: int = 32) -> None:
         """Perform queued steps. Any number of gateways may run this: each step is
-        claimed atomically in its own slot, so it is dispatched by one relay only."""
-        while True:
+        claimed atomically in its own slot, so it is dispatched by one relay only.
+
+        Stopped by :meth:`stop_relay` (checked every turn), not only by cancellation:
+        a cancellation can be swallowed on its way (Python 3.11's ``wait_for`` turned
+        one that landed as it timed out into ``TimeoutError``; an ``asyncio.Condition``
+        waiter re-acquires its lock before it lets a cancellation through), and the
+        app's cleanup must never wait forever for this loop."""
+        while not self._relay_stopping:
             try:
                 due = await self._store.relay_due(int(time.time() * 1000), batch)
                 for keys, step in due:
@@ -370,7 +382,8 @@ class EffectService:
             if len(due) < batch:
                 self.relay_wakeup.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.relay_wakeup.wait(), interval)
+                    async with asyncio.timeout(interval):
+                        await self.relay_wakeup.wait()
 
     async def _relay_one(self, keys: JobKeys, step: str) -> None:
         claim = await self._store.relay_claim(keys, step)

@@ -57,6 +57,9 @@ class ServerSettings(_Section):
     # /metrics answers only peers on a loopback address unless this is true
     # (put it behind your scrape network's own controls before enabling).
     metrics_public: bool = False
+    # The canonical line per request: "all", or "problems" (responses >= 400 only,
+    # rejections included; saves its CPU on the success path).
+    request_log: Literal["all", "problems"] = "all"
     # "auto": uvloop when it is installed (the `fast` extra), else asyncio's own loop.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 

@@ -130,6 +130,15 @@ def _lua_source(name: str) -> str:
     return prelude + "\n" + (lua / f"{name}.lua").read_text(encoding="utf-8")
 
 
+def _unavailable(exc: Exception) -> StoreUnavailable | None:
+    """The ``StoreUnavailable`` a Redis failure means; None for an error reply that is a bug."""
+    if isinstance(exc, ResponseError):
+        if str(exc).startswith(_UNAVAILABLE_PREFIXES):
+            return StoreUnavailable(f"Redis refused the command: {exc}")
+        return None
+    return StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}")
+
+
 def _optional_int(raw: str) -> int | None:
     return int(raw) if raw else None
 
@@ -175,12 +184,10 @@ class Store:
         """Run a Redis call; availability failures become ``StoreUnavailable``."""
         try:
             return await call()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}") from exc
-        except ResponseError as exc:
-            if str(exc).startswith(_UNAVAILABLE_PREFIXES):
-                raise StoreUnavailable(f"Redis refused the command: {exc}") from exc
-            raise
+        except (RedisConnectionError, RedisTimeoutError, OSError, ResponseError) as exc:
+            if (unavailable := _unavailable(exc)) is None:
+                raise
+            raise unavailable from exc
 
     async def load_scripts(self) -> None:
         """Load every script (a syntax error fails here, at boot)."""
@@ -197,9 +204,14 @@ class Store:
         """One script, one round trip, pipelined with the others of this tick (EVALSHA; EVAL on
         NOSCRIPT, see :mod:`gateway.batching`)."""
         script = self._scripts[name]
-        reply: list[Any] = await self._guard(
-            lambda: self._batcher.evalsha(script.sha, self._sources[name], keys, args)
-        )
+        try:  # awaited here, not through _guard: one coroutine frame less on the hot path
+            reply: list[Any] = await self._batcher.evalsha(
+                script.sha, self._sources[name], keys, args
+            )
+        except (RedisConnectionError, RedisTimeoutError, OSError, ResponseError) as exc:
+            if (unavailable := _unavailable(exc)) is None:
+                raise
+            raise unavailable from exc
         if reply[0] == 8:
             raise StoreUnavailable(
                 "Redis has lost fencegate's data (the durability marker of this job's slot is "

@@ -42,3 +42,14 @@ def test_redactor_blanks_secrets_and_sensitive_keys() -> None:
         "detail": "token [redacted] leaked",
         "authorization": "[redacted]",
     }
+
+
+async def test_request_log_problems_only(make_gateway: Any) -> None:
+    """server.request_log = "problems": no line for successes; rejections keep theirs."""
+    gw: Gateway = await make_gateway(server={"request_log": "problems"})
+    await gw.register("r", generation=2)
+    with capture_logs() as logs:
+        assert (await gw.effect("r", "notify", 2)).status == 200
+        assert (await gw.effect("r", "notify", 1)).status == 409
+    lines = [e for e in logs if e["event"] == "request"]
+    assert [(e["status"], e["presented"], e["current"]) for e in lines] == [(409, 1, 2)]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import Counter
 from typing import Any
 
+from gateway import appkeys as K
 from tests.conftest import Gateway, Upstream
 
 ASYNC = {"Prefer": "respond-async"}
@@ -100,3 +102,21 @@ async def test_relays_in_two_gateways_never_dispatch_a_step_twice(
         await wait_state(a, "notify", "succeeded", job=job)
     per_key = Counter(r.headers["Idempotency-Key"] for r in upstream.received)
     assert set(per_key.values()) == {1} and len(per_key) == 60
+
+
+async def test_a_stopped_relay_always_stops(gw: Gateway) -> None:
+    """Shutdown stops the relay loop (stop_relay + cancel, as the app's cleanup does) and
+    waits for it; it must stop every time, wherever the loop is. Cancellation alone did not
+    (a cancel landing as the idle wait timed out became a TimeoutError the loop swallowed;
+    one landing in redis-py's pool wait was held there): the app's cleanup hung, ~1 in 6
+    test runs, until the loop also checked a stop flag."""
+    service = gw.app[K.SERVICE]
+    rng = random.Random(20261130)
+    for _ in range(300):
+        service._relay_stopping = False
+        relay = asyncio.create_task(service.relay_forever(interval=0.001))
+        await asyncio.sleep(rng.uniform(0, 0.004))
+        service.stop_relay()
+        relay.cancel()
+        done, _ = await asyncio.wait({relay}, timeout=4)
+        assert relay in done, "the relay did not stop"
