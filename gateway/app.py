@@ -179,6 +179,9 @@ def create_app(
                 n for n, s in settings.adapters.items() if s.get("tenant_in_key")
             ),
             crash_hook=crash_hook,
+            # how long the relay keeps a queue entry whose step has no record yet: its admit
+            # (one Redis exchange after the entry) may still land; then it is dropped
+            admit_grace_seconds=max(1.0, 2 * settings.redis.timeout_seconds),
         )
         relay = asyncio.create_task(app[K.SERVICE].relay_forever())
         yield

@@ -76,6 +76,7 @@ class EffectService:
         dispatch_timeout_seconds: float,
         tenant_keyed: frozenset[str] = frozenset(),
         crash_hook: Callable[[str], None] | None = None,
+        admit_grace_seconds: float = 5.0,
     ) -> None:
         self._store = store
         self._adapters = adapters
@@ -84,6 +85,7 @@ class EffectService:
         self._crash = crash_hook or (lambda point: None)
         self._metrics = metrics
         self._timeout = dispatch_timeout_seconds
+        self._admit_grace_ms = int(admit_grace_seconds * 1000)
         # in-flight dispatch -> what to record if shutdown cuts it short
         self._inflight: dict[asyncio.Task[EffectResult], tuple[JobKeys, str, str]] = {}
         self.relay_wakeup = asyncio.Event()
@@ -373,33 +375,40 @@ class EffectService:
         waiter re-acquires its lock before it lets a cancellation through), and the
         app's cleanup must never wait forever for this loop."""
         while not self._relay_stopping:
+            progressed = False
             try:
                 due = await self._store.relay_due(int(time.time() * 1000), batch)
-                for keys, step in due:
-                    await self._relay_one(keys, step)
+                for keys, step, queued_ms in due:
+                    progressed |= await self._relay_one(keys, step, queued_ms)
             except StoreUnavailable:
                 due = []
-            if len(due) < batch:
+            if len(due) < batch or not progressed:
                 self.relay_wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(interval):
                         await self.relay_wakeup.wait()
 
-    async def _relay_one(self, keys: JobKeys, step: str) -> None:
+    async def _relay_one(self, keys: JobKeys, step: str, queued_ms: int) -> bool:
+        """Perform one queue entry; False when it was left for later untouched."""
         claim = await self._store.relay_claim(keys, step)
-        if claim is None:
+        if isinstance(claim, str):
+            # The entry is written before the admit (a crash between them must leave a trace),
+            # so a relay can see it before the step has a record. Dropping it then lost the
+            # step: pending forever. Young entries without a record wait for their admit.
+            if claim == "" and int(time.time() * 1000) - queued_ms < self._admit_grace_ms:
+                return False
             await self._store.relay_drop(keys, step)
-            return
+            return True
         if isinstance(claim, int):  # someone is dispatching it: look again after its deadline
             await self._store.relay_enqueue(keys, step, claim + 50)
-            return
+            return True
         adapter = self._adapters.get(claim.adapter)
         if adapter is None:
             log.error("relay_unknown_adapter", adapter=claim.adapter, key=f"{keys.job_id}:{step}")
             reason = {"reason": f"adapter {claim.adapter!r} is not configured"}
             await self._store.record(keys, step, claim.dispatch_id, "failed", error=reason)
             await self._store.relay_drop(keys, step)
-            return
+            return True
         request = self._request(
             keys, step, claim.generation, claim.adapter, claim.operation, claim.payload
         )
@@ -408,10 +417,11 @@ class EffectService:
             await self._spawn(keys, adapter, request, admitted)
         except AdapterUnavailable:  # released: try again later, same key
             await self._store.relay_enqueue(keys, step, int(time.time() * 1000) + 1000)
-            return
+            return True
         except FencegateError:
             pass  # failed or unknown: recorded; nothing more for the relay to do
         await self._store.relay_drop(keys, step)
+        return True
 
     async def drain(self, within: float, cut_short: asyncio.Event | None = None) -> int:
         """Let in-flight dispatches finish and record their outcomes, for up to ``within``

@@ -493,18 +493,22 @@ class Store:
         member = json.dumps([keys.tenant, keys.job_id, step])
         await self._guard(lambda: self._client.zrem(RELAY, member))
 
-    async def relay_due(self, now_ms: int, limit: int) -> list[tuple[JobKeys, str]]:
-        rows: list[str] = await self._guard(
-            lambda: self._client.zrangebyscore(RELAY, "-inf", now_ms, start=0, num=limit)  # type: ignore[arg-type,return-value]
+    async def relay_due(self, now_ms: int, limit: int) -> list[tuple[JobKeys, str, int]]:
+        """Due queue entries: (job, step, the time it was queued for, ms)."""
+        rows: list[tuple[str, float]] = await self._guard(
+            lambda: self._client.zrangebyscore(  # type: ignore[arg-type,return-value]
+                RELAY, "-inf", now_ms, start=0, num=limit, withscores=True
+            )
         )
         due = []
-        for member in rows:
+        for member, score in rows:
             tenant, job_id, step = json.loads(member)
-            due.append((JobKeys(tenant, job_id), step))
+            due.append((JobKeys(tenant, job_id), step, int(score)))
         return due
 
-    async def relay_claim(self, keys: JobKeys, step: str) -> RelayClaim | int | None:
-        """Claim a pending step: the claim, a deadline (ms) to look again at, or None (drop)."""
+    async def relay_claim(self, keys: JobKeys, step: str) -> RelayClaim | int | str:
+        """Claim a pending step: the claim; a deadline (ms) to look again at; or the state that
+        leaves nothing to do ("" when the step has no record at all)."""
         reply = await self._run(
             "relay-3",
             (keys.effect(step), keys.job, keys.marker),
@@ -518,7 +522,7 @@ class Store:
             )
         if code == 2:
             return int(reply[1])
-        return None
+        return str(reply[1])
 
     # -- views ---------------------------------------------------------------
 

@@ -25,6 +25,21 @@ from gateway.embedded import EmbeddedRedis, free_port
 from gateway.settings import Settings, load_settings
 
 
+def _snapshot(state: Path) -> tuple[int, bytes] | None:
+    return (state.stat().st_mtime_ns, state.read_bytes()) if state.exists() else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def developer_state_untouched() -> Iterator[None]:
+    """No test may write the developer's own `make run` state (.fencegate/ in the checkout):
+    a state file written there without its Redis data makes the next `make run` fail closed
+    ("Redis lost fencegate's data"), as the chaos harness's `fencegate init` once did."""
+    state = Path(__file__).parents[1] / ".fencegate" / "fencegate.state"
+    before = _snapshot(state)
+    yield
+    assert _snapshot(state) == before, f"the test run wrote {state}"
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), use_socket=False)

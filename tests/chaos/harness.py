@@ -445,9 +445,12 @@ class Chaos:
         reg = await self.register(http, job, 1)
         self.figures.empty_restart_refusals += reg.status == 503
         self.figures.empty_restart_dispatches += sum(self.down.deliveries.values()) - before
+        # the gateway's own data dir: its state file must learn the new epoch, and the
+        # default (.fencegate under the working directory) is the developer's `make run` state
+        env = {**os.environ, "FENCEGATE_REDIS__DATA_DIR": str(self.workdir / "state")}
         init = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "init", "--redis-url", self.redis.url,
-            "--confirm-data-loss", stdout=asyncio.subprocess.DEVNULL,
+            "--confirm-data-loss", stdout=asyncio.subprocess.DEVNULL, env=env,
         )  # fmt: skip
         assert await init.wait() == 0
         self.figures.empty_restarts += 1

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import time
 from collections import Counter
 from typing import Any
 
 from gateway import appkeys as K
+from gateway.intents import intent_digest
+from gateway.keys import JobKeys
 from tests.conftest import Gateway, Upstream
 
 ASYNC = {"Prefer": "respond-async"}
@@ -41,12 +45,15 @@ async def test_accepted_then_performed_by_the_relay(gw: Gateway, upstream: Upstr
 
 
 async def test_stale_async_call_is_refused_and_never_relayed(
-    gw: Gateway, upstream: Upstream, redis_sync: Any
+    make_gateway: Any, upstream: Upstream, redis_sync: Any
 ) -> None:
+    gw: Gateway = await make_gateway(redis={"timeout_seconds": 0.5})  # admit grace: 1 s
     await gw.register("r", generation=2)
     resp = await gw.effect("r", "notify", 1, headers=ASYNC)
     assert resp.status == 409 and (await resp.json())["code"] == "stale_generation"
-    for _ in range(50):  # the queue entry written before the admit finds nothing and is dropped
+    # the entry written before the admit finds no record; once the admit grace has passed
+    # (it might still have been on its way) the relay drops it
+    for _ in range(150):
         if redis_sync.zcard("fg:relay") == 0:
             break
         await asyncio.sleep(0.02)
@@ -120,3 +127,28 @@ async def test_a_stopped_relay_always_stops(gw: Gateway) -> None:
         relay.cancel()
         done, _ = await asyncio.wait({relay}, timeout=4)
         assert relay in done, "the relay did not stop"
+
+
+async def test_an_entry_queued_before_its_admit_is_not_lost(
+    gw: Gateway, upstream: Upstream
+) -> None:
+    """The queue entry is written before the admit (a crash between them must leave a trace),
+    so a relay can see the entry before the step has a record. It used to drop it: the step,
+    admitted a moment later, stayed pending forever. Reproduced exactly: the entry first, the
+    relay runs several rounds, then the async admit — with no second enqueue."""
+    store = gw.app[K.STORE]
+    keys = JobKeys("default", "early")
+    await gw.register("early", generation=1)
+    await store.relay_enqueue(keys, "notify", int(time.time() * 1000))
+    gw.app[K.SERVICE].relay_wakeup.set()
+    await asyncio.sleep(0.6)  # the relay has looked at the entry (interval 0.25 s)
+    payload = {"to": "a@example.com"}
+    verdict = await store.admit(
+        keys, "notify", generation=1, intent_sha256=intent_digest("hook", "send", payload),
+        adapter="hook", operation="send", worker_id="", resolvable=False,
+        payload_json=json.dumps(payload),
+    )  # fmt: skip
+    assert verdict.state == "pending"
+    view = await wait_state(gw, "notify", "succeeded", job="early")
+    assert view["attempts"] == 1
+    assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["early:notify"]
