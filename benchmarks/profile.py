@@ -97,11 +97,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--native", action="store_true", help="include C frames (py-spy --native)")
     args = parser.parse_args()
-    extra = ["--native"] if args.native else []
+    # --native needs to stop the process for each sample (py-spy refuses --nonblocking with it)
+    extra = ["--native"] if args.native else ["--nonblocking"]
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     pin(0, LOAD_CORE)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"profile-{args.scenario}.txt"
+    out.unlink(missing_ok=True)  # never summarise an older run's stacks
     with tempfile.TemporaryDirectory(prefix="fencegate-prof-") as tmp:
         stack = Stack(Path(tmp), 1)
         stack.place("gateway")
@@ -109,10 +111,8 @@ def main() -> None:
 
         def start() -> None:
             cmd = [spy, "record", "--pid", str(stack.gateway.pid), "--rate", "500",
-                   "--format", "raw", "--output", str(out), "--nonblocking", *extra]  # fmt: skip
-            recorder.append(
-                subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            )
+                   "--format", "raw", "--output", str(out), *extra]  # fmt: skip
+            recorder.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sys.stderr))
             time.sleep(0.5)  # let py-spy attach before the measured load starts
 
         try:
@@ -122,6 +122,8 @@ def main() -> None:
                 r.send_signal(2)  # SIGINT: py-spy writes its output and exits
                 r.wait(30)
             stack.stop()
+    if not out.exists():
+        raise SystemExit(f"py-spy wrote no profile (exit status {recorder[0].returncode})")
     print(f"py-spy, scenario {args.scenario!r}, {args.requests} calls at {args.concurrency}")
     print(summarize(out, args.top))
     print(f"\ncollapsed stacks: {out}")

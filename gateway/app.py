@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
+import random
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -47,7 +47,8 @@ async def _request_middleware(
     request: web.Request, handler: Callable[[web.Request], object]
 ) -> web.StreamResponse:
     """Problems for every error, and one canonical log line per request."""
-    request_id = request.headers.get("X-Request-Id", "")[:64] or os.urandom(8).hex()
+    # a correlation id, not a secret: the PRNG, not a getrandom() system call per request
+    request_id = request.headers.get("X-Request-Id", "")[:64] or f"{random.getrandbits(64):016x}"
     context = request_context(request_id=request_id)
     started = time.perf_counter()
     metrics = request.app[K.METRICS]

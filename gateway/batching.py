@@ -72,6 +72,9 @@ class Batcher:
             **{**source.connection_kwargs, "socket_timeout": None},
         )
         self._pending: list[_Call] = []
+        # the loop of the first call; asyncio.get_running_loop() costs a getpid() system call
+        # on Python 3.11, once per command
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # counters for the metrics and the tests
         self.commands = 0
@@ -87,7 +90,9 @@ class Batcher:
         return self._enqueue(args, None)
 
     def _enqueue(self, args: tuple[Any, ...], source: str | None) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._pending:
             loop.call_soon(self._flush)
@@ -97,9 +102,8 @@ class Batcher:
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), MAX_BATCH):
-            task = asyncio.get_running_loop().create_task(
-                self._run(pending[start : start + MAX_BATCH])
-            )
+            assert self._loop is not None
+            task = self._loop.create_task(self._run(pending[start : start + MAX_BATCH]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

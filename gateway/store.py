@@ -17,6 +17,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 import time
@@ -137,6 +138,17 @@ def _unavailable(exc: Exception) -> StoreUnavailable | None:
             return StoreUnavailable(f"Redis refused the command: {exc}")
         return None
     return StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}")
+
+
+# Dispatch ids only have to be unique (they never leave the gateway: the admit hands one
+# out, the record must present it): a random 64-bit prefix per process and a counter,
+# instead of a getrandom() system call per admit.
+_DISPATCH_PREFIX = secrets.token_hex(8)
+_dispatch_counter = itertools.count()
+
+
+def _dispatch_id() -> str:
+    return f"{_DISPATCH_PREFIX}{next(_dispatch_counter):x}"
 
 
 def _optional_int(raw: str) -> int | None:
@@ -422,7 +434,7 @@ class Store:
         payload_json: str = "",
     ) -> AdmitVerdict:
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay."""
-        dispatch_id = secrets.token_hex(12)
+        dispatch_id = _dispatch_id()
         reply = await self._run(
             "admit-5",
             (keys.job, keys.effect(step), keys.audit, keys.steps, keys.marker),
@@ -512,7 +524,7 @@ class Store:
         reply = await self._run(
             "relay-3",
             (keys.effect(step), keys.job, keys.marker),
-            (secrets.token_hex(12), self._dispatch_timeout_ms, self._retention),
+            (_dispatch_id(), self._dispatch_timeout_ms, self._retention),
         )
         code = int(reply[0])
         if code == 0:
