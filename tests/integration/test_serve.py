@@ -430,4 +430,12 @@ def test_sigkilled_supervisor_leaves_no_orphan_workers(tmp_path: Path, serves: l
     kids = children_of(s.proc.pid)
     assert len(kids) == 3  # two workers and the embedded Redis
     s.stop(signal.SIGKILL)
-    assert all(wait_dead(p) for p in kids), "a worker or Redis outlived a SIGKILLed supervisor"
+    survivors = [p for p in kids if not wait_dead(p)]
+    # seen once in ~25 full runs and not reproduced since (22 targeted runs, idle and under
+    # CPU load): name the survivor and keep the log, so the next time says why
+    assert not survivors, (
+        "outlived a SIGKILLed supervisor: "
+        + subprocess.run(["ps", "-o", "pid,stat,etime,args", "-p", ",".join(map(str, survivors))],
+                         capture_output=True, text=True).stdout
+        + "\n" + s.output()[-4000:]
+    )  # fmt: skip
