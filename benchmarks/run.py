@@ -326,18 +326,18 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     await store.initialize(auto=False, confirm_data_loss=False)
     keys = JobKeys("default", f"floor-{secrets.token_hex(3)}")
     await store.register(keys, 1, None)
-    admit, record = store._scripts["admit-5"], store._scripts["record-1"]
+    admit_sha, record_sha = store._shas["admit-5"], store._shas["record-1"]
 
     async def admit_raw(i: int, prefix: str = "s") -> None:  # a new step each: a real write
         await client.evalsha(
-            admit.sha, 5, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
+            admit_sha, 5, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
             keys.marker, "1", "required", "0" * 64, "hook", "send", f"d{i}", "30000", "3600",
             "0", keys.job_id, f"{prefix}{i}", "", "default", "",
         )  # fmt: skip
 
     async def record_raw(i: int) -> None:
         await client.evalsha(
-            record.sha, 1, keys.effect(f"s{i}"), f"d{i}", "succeeded", '{"ok":true}', "", "3600"
+            record_sha, 1, keys.effect(f"s{i}"), f"d{i}", "succeeded", '{"ok":true}', "", "3600"
         )
 
     rows.append(await measure("L1 raw EVALSHA admit", n, concurrency, admit_raw))

@@ -17,6 +17,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import secrets
@@ -131,6 +132,9 @@ def _lua_source(name: str) -> str:
     return prelude + "\n" + (lua / f"{name}.lua").read_text(encoding="utf-8")
 
 
+_REDIS_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, ResponseError)
+
+
 def _unavailable(exc: Exception) -> StoreUnavailable | None:
     """The ``StoreUnavailable`` a Redis failure means; None for an error reply that is a bug."""
     if isinstance(exc, ResponseError):
@@ -174,7 +178,10 @@ class Store:
         self._retention_ms = retention_seconds * 1000
         self._state_file = state_file
         self._sources = {name: _lua_source(name) for name in SCRIPT_NAMES}
-        self._scripts = {name: client.register_script(src) for name, src in self._sources.items()}
+        self._shas = {
+            name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+            for name, src in self._sources.items()
+        }
         self._batcher = Batcher(client)
 
     async def aclose(self) -> None:
@@ -196,7 +203,7 @@ class Store:
         """Run a Redis call; availability failures become ``StoreUnavailable``."""
         try:
             return await call()
-        except (RedisConnectionError, RedisTimeoutError, OSError, ResponseError) as exc:
+        except _REDIS_FAILURES as exc:
             if (unavailable := _unavailable(exc)) is None:
                 raise
             raise unavailable from exc
@@ -205,9 +212,9 @@ class Store:
         """Load every script (a syntax error fails here, at boot)."""
 
         async def load() -> None:
-            for script in self._scripts.values():
-                sha = await self._client.script_load(script.script)
-                if sha != script.sha:  # pragma: no cover - redis-py and Redis disagree on SHA1
+            for name, source in self._sources.items():
+                sha = await self._client.script_load(source)
+                if sha != self._shas[name]:  # pragma: no cover - Redis and hashlib disagree
                     raise RuntimeError("script SHA mismatch")
 
         await self._guard(load)
@@ -215,12 +222,11 @@ class Store:
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[str]) -> list[Any]:
         """One script, one round trip, pipelined with the others of this tick (EVALSHA; EVAL on
         NOSCRIPT, see :mod:`gateway.batching`)."""
-        script = self._scripts[name]
         try:  # awaited here, not through _guard: one coroutine frame less on the hot path
             reply: list[Any] = await self._batcher.evalsha(
-                script.sha, self._sources[name], keys, args
+                self._shas[name], self._sources[name], keys, args
             )
-        except (RedisConnectionError, RedisTimeoutError, OSError, ResponseError) as exc:
+        except _REDIS_FAILURES as exc:
             if (unavailable := _unavailable(exc)) is None:
                 raise
             raise unavailable from exc
@@ -254,9 +260,7 @@ class Store:
         try:
             await self._guard(self._client.ping)
             checks["redis"] = True
-            exists = await self._guard(
-                lambda: self._client.script_exists(*(s.sha for s in self._scripts.values()))
-            )
+            exists = await self._guard(lambda: self._client.script_exists(*self._shas.values()))
             if not all(exists):  # cache flushed or Redis restarted: load them again
                 await self.load_scripts()
             checks["scripts"] = True
