@@ -45,7 +45,7 @@ from gateway.records import EffectRecord
 from gateway.settings import NAME_RE
 from gateway.tokens import parse_unsigned_token
 
-__all__ = ["ROUTES", "Route"]
+__all__ = ["HOT_HANDLERS", "ROUTES", "Route"]
 
 _WORKER_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 _CURSOR = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
@@ -523,3 +523,6 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("GET", "/openapi.json", openapi, "This OpenAPI 3.1 document", responses={200: None}),
 )
+
+# what workers call on every step: matched first
+HOT_HANDLERS = frozenset({perform_effect, heartbeat})

@@ -53,3 +53,34 @@ async def test_request_log_problems_only(make_gateway: Any) -> None:
         assert (await gw.effect("r", "notify", 1)).status == 409
     lines = [e for e in logs if e["event"] == "request"]
     assert [(e["status"], e["presented"], e["current"]) for e in lines] == [(409, 1, 2)]
+
+
+_PARITY = """
+import structlog
+from gateway.logging import configure_logging, log_request
+configure_logging(json=True, secrets=["s3cr3t-value"])
+structlog.contextvars.bind_contextvars(bound_by_adapter="yes")
+fields = {"request_id": "r1", "job_id": "j", "worker_id": "w s3cr3t-value", "generation": 2,
+          "presented": None, "method": "POST", "path": "/v1/jobs/j/fence", "status": 409, "ms": 0.5,
+          "authorization": "Bearer x"}
+log_request(dict(fields))
+structlog.get_logger("fencegate").info("request", **fields)
+"""
+
+
+def test_request_line_fast_path_renders_what_structlog_renders() -> None:
+    """The canonical line skips structlog's wrapper for speed; its output must not change."""
+    import subprocess
+    import sys
+
+    import orjson
+
+    run = subprocess.run(
+        [sys.executable, "-c", _PARITY], capture_output=True, check=True, timeout=60
+    )
+    fast, reference = (orjson.loads(line) for line in run.stderr.splitlines())
+    assert list(fast) == list(reference)  # same keys, same order
+    assert fast.pop("timestamp").endswith("Z") and reference.pop("timestamp").endswith("Z")
+    assert fast == reference
+    assert fast["worker_id"] == "w [redacted]" and fast["authorization"] == "[redacted]"
+    assert fast["bound_by_adapter"] == "yes" and fast["level"] == "info"
