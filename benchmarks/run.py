@@ -183,6 +183,17 @@ url = "http://127.0.0.1:{self.up_port}/hook"
              "--port", str(self.gw_port), "--workers", str(workers)],
             env=env, stdout=subprocess.DEVNULL, stderr=self.log,
         )  # fmt: skip
+        # the ceiling servers (benchmarks/ceiling.py): rows L3 and L4
+        self.ceiling: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+        for mode in ("echo", "replay"):
+            port = free_port()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.ceiling", self.redis.url, str(port), mode],
+                env=env, stdout=subprocess.PIPE,
+            )  # fmt: skip
+            self.ceiling[mode] = (port, proc)
+        for _, proc in self.ceiling.values():
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         wait_http(f"http://127.0.0.1:{self.gw_port}/readyz")
         self.gateway_pids = [self.gateway.pid, *(children(self.gateway.pid) if workers > 1 else [])]
         self.place("floors")
@@ -197,16 +208,17 @@ url = "http://127.0.0.1:{self.up_port}/hook"
         "load core busy" shows whether that core became the limit).
         """
         helpers = [self.upstream.pid, self.redis.process.pid if self.redis.process else 0]
-        for pid in self.gateway_pids:
+        for pid in [*self.gateway_pids, *(p.pid for _, p in self.ceiling.values())]:
             pin(pid, SERVER_CORES)
         for pid in helpers:
             if pid:
                 pin(pid, SERVER_CORES if phase == "floors" or SHARED else LOAD_CORE)
 
     def stop(self) -> None:
-        for p in (self.gateway, self.upstream):
+        procs = [self.gateway, self.upstream, *(p for _, p in self.ceiling.values())]
+        for p in procs:
             p.terminate()
-        for p in (self.gateway, self.upstream):
+        for p in procs:
             p.wait(30)
         self.log.close()
         self.redis.stop()
@@ -304,6 +316,24 @@ async def run_stack(
         if only_g1:
             return rows
         rows.append(await measure("G2 effect, replayed", n, concurrency, effect("1", 200), pids))
+        # the same replays, same pinning, on the stripped low-level server (benchmarks/ceiling.py)
+        port, proc = stack.ceiling["replay"]
+        lean = LeanClient("127.0.0.1", port)
+        raws = [build("POST", f"/v1/jobs/{j}/effects/notify", body, {"Fencing-Token": "1"})
+                for j in jobs]  # fmt: skip
+
+        async def stripped(i: int) -> None:
+            status, answer = await lean.send(raws[i])
+            assert status == 200, (status, answer[:200])
+
+        try:
+            await measure("warm-up L4", n // 5, concurrency, stripped)  # its Redis connections
+            rows.append(
+                await measure("L4 minimal replay, low-level server", n, concurrency, stripped,
+                              [proc.pid])
+            )  # fmt: skip
+        finally:
+            lean.close()
         rows.append(await measure("G4 heartbeat", n, concurrency, heartbeat, pids))
         await measure("register g2", n, concurrency, register(2))
         rows.append(await measure("G3 effect, stale 409", n, concurrency, effect("1", 409), pids))
@@ -360,6 +390,19 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
         rows.append(await measure("L2 at 1 connection", min(n, 2000), 1, direct, up_pid))
     finally:
         up.close()
+    port, proc = stack.ceiling["echo"]
+    echo = LeanClient("127.0.0.1", port)
+
+    async def low_level(i: int) -> None:
+        status, _ = await echo.send(raw)
+        assert status == 200, status
+
+    try:
+        rows.append(
+            await measure("L3 aiohttp low-level echo", n, concurrency, low_level, [proc.pid])
+        )
+    finally:
+        echo.close()
     return rows
 
 
@@ -413,11 +456,12 @@ def main() -> None:
     by = {r["name"]: r for r in rows}
     l2 = by["L2 bare aiohttp JSON server"]["rps"]
     for r in rows:
-        if r["name"].startswith("G"):
+        if r["name"].startswith(("G", "L3", "L4")):
             r["ratio_to_l2"] = round(r["rps"] / l2, 3)
     g1_one, l2_one = by["G1 at 1 connection"], by["L2 at 1 connection"]
     l1_one = by["L1 admit at 1 connection"]
     g1 = by["G1 effect, accepted"]
+    l4 = by["L4 minimal replay, low-level server"]
     derived = {
         "G1/L2, G2/L2, G3/L2": ", ".join(
             str(by[k]["ratio_to_l2"])
@@ -426,6 +470,10 @@ def main() -> None:
         "G1/L1, G2/L1 (end to end over a raw admit EVALSHA)": (
             f"{g1['rps'] / by['L1 raw EVALSHA admit']['rps']:.3f}, "
             f"{by['G2 effect, replayed']['rps'] / by['L1 raw EVALSHA admit']['rps']:.3f}"
+        ),
+        # the stack's own ceiling: a stripped replay on aiohttp's low-level server (L4)
+        "G2/L4 (the gateway's replay over the stripped one), L4/L2": (
+            f"{by['G2 effect, replayed']['rps'] / l4['rps']:.3f}, {l4['ratio_to_l2']}"
         ),
         "G1 p99/p50 at saturation": round(g1["p99_ms"] / g1["p50_ms"], 2),
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)": (
