@@ -1,0 +1,78 @@
+"""The benchmark harness stays runnable: short runs of make bench and make bench-soak.
+
+Only the shape of what they report is checked — every row measured, every
+derived figure present, files written where asked — never the figures
+themselves (performance is measured, not asserted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED_HISTORY = ROOT / "benchmarks" / "results" / "history.jsonl"
+
+
+def run_module(results: Path, module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BENCH_RESULTS": str(results)}
+    run = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
+    before = COMMITTED_HISTORY.read_bytes() if COMMITTED_HISTORY.exists() else b""
+    run = run_module(tmp_path, "benchmarks.run", "--requests", "300", "--workers", "1,2")
+    record = json.loads((tmp_path / "latest.json").read_text())
+    rows = {r["name"]: r for r in record["results"]}
+    assert list(rows) == [
+        "L1 raw EVALSHA admit",
+        "L1 raw EVALSHA record",
+        "L1 admit at 1 connection",
+        "L2 bare aiohttp JSON server",
+        "L2 at 1 connection",
+        "L3 aiohttp low-level echo",
+        "G1 effect, accepted",
+        "G2 effect, replayed",
+        "L4 minimal replay, low-level server",
+        "G4 heartbeat",
+        "G3 effect, stale 409",
+        "G1 at 1 connection",
+        "G1 effect, accepted (--workers 2)",
+    ]
+    for name, r in rows.items():
+        assert r["rps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"], name
+        if name.startswith(("G", "L2", "L3", "L4")):  # a server process was measured
+            assert r["server_cpu_s_per_1000"] > 0 and r["server_peak_rss_mb"] > 0, name
+    assert rows["G1 effect, accepted (--workers 2)"]["gateway_workers"] == 2
+    assert set(record["derived"]) >= {
+        "G1/L2, G2/L2, G3/L2",
+        "G2/L4 (the gateway's replay over the stripped one), L4/L2",
+        "G1 p99/p50 at saturation",
+        "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)",
+    }
+    assert all(float(x) > 0 for x in record["derived"]["G1/L2, G2/L2, G3/L2"].split(", "))
+    md = (tmp_path / "latest.md").read_text()
+    assert "| G2 effect, replayed |" in md and md.strip() in run.stdout
+    assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 1
+    after = COMMITTED_HISTORY.read_bytes() if COMMITTED_HISTORY.exists() else b""
+    assert after == before  # BENCH_RESULTS kept the short run out of the committed history
+
+
+def test_a_short_soak_reports_growth_and_memory(tmp_path: Path) -> None:
+    run_module(tmp_path, "benchmarks.soak", "--calls", "2000", "--jobs", "200")
+    (line,) = (tmp_path / "soak-history.jsonl").read_text().splitlines()
+    result = json.loads(line)
+    assert result["calls"] == 2000 and result["jobs"] == 200
+    assert len(result["rps_per_tenth"]) == 10 and min(result["rps_per_tenth"]) > 0
+    assert result["last_over_first_tenth"] > 0
+    # each job has its fence; step s0 of the sampled job has its record and stored result
+    assert result["job_fence_hash_bytes"] > 0 and result["effect_record_bytes"] > 0
+    assert result["stored_result_bytes"] > 0 and result["gateway_peak_rss_mb"] > 0
