@@ -1,20 +1,25 @@
 """The ceiling of this stack: what a replay costs with nothing of the gateway around it.
 
-    python -m benchmarks.ceiling <redis-url> <port> echo|replay     (started by make bench)
+    python -m benchmarks.ceiling <redis-url> <port> echo|replay|raw     (started by make bench)
 
-Two servers on aiohttp's low-level ``web.Server`` (no Application, no router,
-no middleware), the leanest way to answer HTTP with aiohttp:
+* ``echo`` (row L3): aiohttp's low-level ``web.Server`` (no Application, no
+  router, no middleware), the leanest way to answer HTTP with aiohttp,
+  answering every request with a small JSON body;
+* ``replay`` (row L4): the same server doing only what a replay cannot skip —
+  match the path, parse and validate the body, digest the intent, run the
+  admit script through the gateway's own auto-pipelined
+  :class:`~gateway.store.Store`, render the stored result. No authentication,
+  no metrics, no log line, no request id, no problem documents;
+* ``raw`` (row L5): the same replay on a bare ``asyncio.Protocol`` with a
+  minimal HTTP/1.1 parse (request line, headers, Content-Length body, keep-alive
+  only) instead of aiohttp's server: what leaving aiohttp's server would buy.
 
-* ``echo`` answers every request with a small JSON body (row L3);
-* ``replay`` does only what a replay cannot skip: match the path, read and
-  validate the body, digest the intent, run the admit script through the
-  gateway's own :class:`~gateway.store.Store` (auto-pipelined), render the
-  stored result (row L4). No authentication, no metrics, no log line, no
-  request id, no problem documents — a stripped prototype, not a server to run.
+Stripped prototypes to measure against, not servers to run: they trust their
+input and speak only what the load generator sends.
 
 Row G2 (the real gateway, same jobs, same pinning) over L4 is the share of
-this stack's ceiling the gateway reaches; L4 over L2 says how far a replay on
-aiohttp + redis-py can go at all on this machine.
+this stack's ceiling the gateway reaches; L4 and L5 over L2 say how far a
+replay can go at all on this machine with and without aiohttp's server.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import gc
 import re
 import sys
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -45,20 +51,17 @@ async def serve(redis_url: str, port: int, mode: str) -> None:
     )
     await store.load_scripts()
 
-    async def echo(request: web.BaseRequest) -> web.StreamResponse:
-        await request.read()
-        return web.Response(body=b'{"ok":true}', headers=_JSON)
-
-    async def replay(request: web.BaseRequest) -> web.StreamResponse:
-        match = _PATH.match(request.path)
-        if match is None or request.method != "POST":
-            return web.Response(status=404)
+    async def replay(path: str, token: str, raw: bytes) -> tuple[int, bytes]:
+        """The part of a replay no server can skip: (status, body)."""
+        match = _PATH.match(path)
+        if match is None:
+            return 404, b""
         job, step = match.groups()
-        body = EffectBody.model_validate(orjson.loads(await request.read()))
+        body = EffectBody.model_validate(orjson.loads(raw))
         verdict = await store.admit(
             JobKeys("default", job),
             step,
-            generation=int(request.headers.get("Fencing-Token", "0")),
+            generation=int(token or "0"),
             intent_sha256=intent_digest(body.adapter, body.operation, body.payload),
             adapter=body.adapter,
             operation=body.operation,
@@ -66,7 +69,7 @@ async def serve(redis_url: str, port: int, mode: str) -> None:
             resolvable=False,
         )
         if not isinstance(verdict, Replay):
-            return web.Response(status=409)
+            return 409, b""
         record = verdict.record
         out = {
             "job_id": job,
@@ -78,12 +81,60 @@ async def serve(redis_url: str, port: int, mode: str) -> None:
             "adapter": record.adapter,
             "result": record.result,
         }
+        return 200, orjson.dumps(out)
+
+    async def echo(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        return web.Response(body=b'{"ok":true}', headers=_JSON)
+
+    async def on_aiohttp(request: web.BaseRequest) -> web.StreamResponse:
+        status, body = await replay(
+            request.path, request.headers.get("Fencing-Token", ""), await request.read()
+        )
         return web.Response(
-            body=orjson.dumps(out), headers={**_JSON, "Idempotent-Replayed": "true"}
+            status=status, body=body, headers={**_JSON, "Idempotent-Replayed": "true"}
         )
 
-    server = web.Server(echo if mode == "echo" else replay, access_log=None)
-    await asyncio.get_running_loop().create_server(server, "127.0.0.1", port)
+    answering: set[asyncio.Future[None]] = set()
+
+    class RawHttp(asyncio.Protocol):
+        """Keep-alive HTTP/1.1 requests with a Content-Length body; nothing else."""
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            self.buffer = b""
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+                lines = self.buffer[:end].split(b"\r\n")
+                headers = {}
+                for line in lines[1:]:
+                    name, _, value = line.partition(b":")
+                    headers[name.strip().lower()] = value.strip()
+                total = end + 4 + int(headers.get(b"content-length", b"0"))
+                if len(self.buffer) < total:
+                    return
+                body, self.buffer = self.buffer[end + 4 : total], self.buffer[total:]
+                path = lines[0].split(b" ")[1].decode()
+                token = headers.get(b"fencing-token", b"").decode()
+                task = asyncio.ensure_future(self.answer(path, token, body))
+                answering.add(task)  # a reference until it is done
+                task.add_done_callback(answering.discard)
+
+        async def answer(self, path: str, token: str, raw: bytes) -> None:
+            status, body = await replay(path, token, raw)
+            self.transport.write(
+                b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nIdempotent-Replayed: true\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (status, len(body), body)
+            )
+
+    loop = asyncio.get_running_loop()
+    if mode == "raw":
+        await loop.create_server(RawHttp, "127.0.0.1", port)
+    else:
+        server = web.Server(echo if mode == "echo" else on_aiohttp, access_log=None)
+        await loop.create_server(server, "127.0.0.1", port)
     gc.freeze()  # as the gateway does after start-up
     gc.set_threshold(10_000)
     print("ready", flush=True)

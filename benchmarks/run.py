@@ -184,9 +184,9 @@ url = "http://127.0.0.1:{self.up_port}/hook"
              "--port", str(self.gw_port), "--workers", str(workers)],
             env=env, stdout=subprocess.DEVNULL, stderr=self.log,
         )  # fmt: skip
-        # the ceiling servers (benchmarks/ceiling.py): rows L3 and L4
+        # the ceiling servers (benchmarks/ceiling.py): rows L3, L4 and L5
         self.ceiling: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
-        for mode in ("echo", "replay"):
+        for mode in ("echo", "replay", "raw"):
             port = free_port()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.ceiling", self.redis.url, str(port), mode],
@@ -317,24 +317,24 @@ async def run_stack(
         if only_g1:
             return rows
         rows.append(await measure("G2 effect, replayed", n, concurrency, effect("1", 200), pids))
-        # the same replays, same pinning, on the stripped low-level server (benchmarks/ceiling.py)
-        port, proc = stack.ceiling["replay"]
-        lean = LeanClient("127.0.0.1", port)
+        # the same replays, same pinning, stripped (benchmarks/ceiling.py): on aiohttp's
+        # low-level server (L4), and on a bare asyncio protocol (L5)
         raws = [build("POST", f"/v1/jobs/{j}/effects/notify", body, {"Fencing-Token": "1"})
                 for j in jobs]  # fmt: skip
+        for mode, name in (("replay", "L4 minimal replay, low-level server"),
+                           ("raw", "L5 minimal replay, raw asyncio protocol")):  # fmt: skip
+            port, proc = stack.ceiling[mode]
+            lean = LeanClient("127.0.0.1", port)
 
-        async def stripped(i: int) -> None:
-            status, answer = await lean.send(raws[i])
-            assert status == 200, (status, answer[:200])
+            async def stripped(i: int, lean: LeanClient = lean) -> None:
+                status, answer = await lean.send(raws[i])
+                assert status == 200, (status, answer[:200])
 
-        try:
-            await measure("warm-up L4", n // 5, concurrency, stripped)  # its Redis connections
-            rows.append(
-                await measure("L4 minimal replay, low-level server", n, concurrency, stripped,
-                              [proc.pid])
-            )  # fmt: skip
-        finally:
-            lean.close()
+            try:
+                await measure("warm-up", n // 5, concurrency, stripped)  # its Redis connections
+                rows.append(await measure(name, n, concurrency, stripped, [proc.pid]))
+            finally:
+                lean.close()
         rows.append(await measure("G4 heartbeat", n, concurrency, heartbeat, pids))
         await measure("register g2", n, concurrency, register(2))
         rows.append(await measure("G3 effect, stale 409", n, concurrency, effect("1", 409), pids))
@@ -457,7 +457,7 @@ def main() -> None:
     by = {r["name"]: r for r in rows}
     l2 = by["L2 bare aiohttp JSON server"]["rps"]
     for r in rows:
-        if r["name"].startswith(("G", "L3", "L4")):
+        if r["name"].startswith(("G", "L3", "L4", "L5")):
             r["ratio_to_l2"] = round(r["rps"] / l2, 3)
     g1_one, l2_one = by["G1 at 1 connection"], by["L2 at 1 connection"]
     l1_one = by["L1 admit at 1 connection"]
@@ -473,8 +473,9 @@ def main() -> None:
             f"{by['G2 effect, replayed']['rps'] / by['L1 raw EVALSHA admit']['rps']:.3f}"
         ),
         # the stack's own ceiling: a stripped replay on aiohttp's low-level server (L4)
-        "G2/L4 (the gateway's replay over the stripped one), L4/L2": (
-            f"{by['G2 effect, replayed']['rps'] / l4['rps']:.3f}, {l4['ratio_to_l2']}"
+        "G2/L4 (the gateway's replay over the stripped one), L4/L2, L5/L2": (
+            f"{by['G2 effect, replayed']['rps'] / l4['rps']:.3f}, {l4['ratio_to_l2']}, "
+            f"{by['L5 minimal replay, raw asyncio protocol']['ratio_to_l2']}"
         ),
         "G1 p99/p50 at saturation": round(g1["p99_ms"] / g1["p50_ms"], 2),
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)": (

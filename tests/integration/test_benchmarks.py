@@ -42,6 +42,7 @@ def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
         "G1 effect, accepted",
         "G2 effect, replayed",
         "L4 minimal replay, low-level server",
+        "L5 minimal replay, raw asyncio protocol",
         "G4 heartbeat",
         "G3 effect, stale 409",
         "G1 at 1 connection",
@@ -49,13 +50,13 @@ def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
     ]
     for name, r in rows.items():
         assert r["rps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"], name
-        if name.startswith(("G", "L2", "L3", "L4")):  # a server process was measured
+        if name.startswith(("G", "L2", "L3", "L4", "L5")):  # a server process was measured
             # CPU time comes in clock ticks (10 ms): a 300-request row may show none
             assert r["server_cpu_s_per_1000"] >= 0 and r["server_peak_rss_mb"] > 0, name
     assert rows["G1 effect, accepted (--workers 2)"]["gateway_workers"] == 2
     assert set(record["derived"]) >= {
         "G1/L2, G2/L2, G3/L2",
-        "G2/L4 (the gateway's replay over the stripped one), L4/L2",
+        "G2/L4 (the gateway's replay over the stripped one), L4/L2, L5/L2",
         "G1 p99/p50 at saturation",
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)",
     }
