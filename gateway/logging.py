@@ -86,17 +86,16 @@ def redactor(secrets: Iterable[str]) -> structlog.types.Processor:
 
 
 _log = structlog.get_logger("fencegate")
-_UTC = datetime.UTC
 
 
 class _RequestLine:
     """The canonical request line, rendered without structlog's per-call machinery.
 
     It runs the same steps as the JSON chain :func:`configure_logging` installs
-    (bound context variables, level, ISO timestamp, redaction, orjson, one write
-    and flush), so the line is the same, at about half the cost. It stands in
-    only while that chain is the configured one: under ``capture_logs`` or any
-    other configuration the line goes through structlog.
+    (bound context variables, level, ISO timestamp, redaction, the chain's own
+    JSON renderer, one write and flush), so the line is the same, at about half
+    the cost. It stands in only while that chain is the configured one: under
+    ``capture_logs`` or any other configuration the line goes through structlog.
     """
 
     def __init__(
@@ -119,9 +118,9 @@ class _RequestLine:
         event["event"] = "request"
         structlog.contextvars.merge_contextvars(None, "info", event)
         event["level"] = "info"
-        event["timestamp"] = datetime.datetime.now(_UTC).isoformat().replace("+00:00", "Z")
+        event["timestamp"] = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
         self.redact(None, "info", event)
-        self.out.write(fastjson.dumps(event) + b"\n")
+        self.out.write(self.renderer(None, "info", event) + b"\n")  # the chain's JSONRenderer
         self.out.flush()
 
 

@@ -59,7 +59,9 @@ _PARITY = """
 import structlog
 from gateway.logging import configure_logging, log_request
 configure_logging(json=True, secrets=["s3cr3t-value"])
-structlog.contextvars.bind_contextvars(bound_by_adapter="yes")
+class Opaque:  # not JSON: the renderer's fallback handler must turn it into its repr
+    def __repr__(self): return "<opaque>"
+structlog.contextvars.bind_contextvars(bound_by_adapter="yes", opaque=Opaque())
 fields = {"request_id": "r1", "job_id": "j", "worker_id": "w s3cr3t-value", "generation": 2,
           "presented": None, "method": "POST", "path": "/v1/jobs/j/fence", "status": 409, "ms": 0.5,
           "authorization": "Bearer x"}
@@ -84,3 +86,4 @@ def test_request_line_fast_path_renders_what_structlog_renders() -> None:
     assert fast == reference
     assert fast["worker_id"] == "w [redacted]" and fast["authorization"] == "[redacted]"
     assert fast["bound_by_adapter"] == "yes" and fast["level"] == "info"
+    assert fast["opaque"] == "<opaque>"
