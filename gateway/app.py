@@ -24,6 +24,7 @@ from adapters.base import AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import appkeys as K
 from gateway.auth import Authenticator
+from gateway.browser import GUARD, BrowserGuard
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.handlers import HOT_HANDLERS, ROUTES
 from gateway.logging import end_request, log_request, request_context
@@ -54,6 +55,7 @@ async def _request_middleware(
     metrics = request.app[K.METRICS]
     error: FencegateError | None = None
     try:
+        request.app[GUARD].check(request)  # browsers, foreign Hosts, non-JSON bodies
         response = await handler(request)  # type: ignore[misc]
     except FencegateError as exc:
         error = exc
@@ -108,6 +110,7 @@ def create_app(
     app[K.SETTINGS] = settings
     app[K.METRICS] = Metrics()
     app[K.AUTH] = Authenticator(settings.auth.keys, secret)
+    app[GUARD] = BrowserGuard(settings.server, open_mode=app[K.AUTH].open)
     app[K.OPENAPI] = json.dumps(build_openapi()).encode()
     app[K.SIGNER] = None
     if settings.auth.token_signing_key_env:

@@ -13,6 +13,7 @@ gateway decided::
     ├── NotFound                  404 not_found
     ├── MethodNotAllowed          405 method_not_allowed
     ├── PayloadTooLarge           413 payload_too_large
+    ├── UnsupportedMediaType      415 unsupported_media_type (a body that is not application/json)
     ├── Rejection                 409, carries presented/current; audited
     │   ├── StaleGeneration           stale_generation
     │   ├── UnregisteredGeneration    unregistered_generation
@@ -62,6 +63,7 @@ __all__ = [
     "Unauthorized",
     "UnknownAdapter",
     "UnregisteredGeneration",
+    "UnsupportedMediaType",
     "error_for_code",
 ]
 
@@ -122,7 +124,7 @@ class Unauthorized(FencegateError):
 class Forbidden(FencegateError):
     code = "forbidden"
     status = 403
-    title = "This key's role may not do that"
+    title = "Forbidden"
 
 
 class NotFound(FencegateError):
@@ -141,6 +143,12 @@ class PayloadTooLarge(FencegateError):
     code = "payload_too_large"
     status = 413
     title = "Request body too large"
+
+
+class UnsupportedMediaType(FencegateError):
+    code = "unsupported_media_type"
+    status = 415
+    title = "Request bodies must be application/json"
 
 
 class Rejection(FencegateError):

@@ -436,7 +436,7 @@ ROUTES: tuple[Route, ...] = (
         roles=("scheduler",),
         body=RegisterBody,
         responses={201: GenerationOut, 200: GenerationOut},
-        problems=(400, 401, 403, 409, 413, 503),
+        problems=(400, 401, 403, 409, 413, 415, 503),
     ),
     Route(
         "POST",
@@ -446,7 +446,7 @@ ROUTES: tuple[Route, ...] = (
         roles=("worker",),
         responses={200: HeartbeatOut},
         headers=("Fencing-Token", "Worker-Id"),
-        problems=_FENCED,
+        problems=(*_FENCED, 415),
     ),
     Route(
         "POST",
@@ -457,7 +457,7 @@ ROUTES: tuple[Route, ...] = (
         body=EffectBody,
         responses={200: EffectOut, 202: EffectAcceptedOut},
         headers=("Fencing-Token", "Worker-Id", "Prefer"),
-        problems=(400, 401, 403, 409, 413, 422, 424, 502, 503, 504),
+        problems=(400, 401, 403, 409, 413, 415, 422, 424, 502, 503, 504),
     ),
     Route(
         "GET",
@@ -476,7 +476,7 @@ ROUTES: tuple[Route, ...] = (
         roles=("auditor",),
         body=ResolveBody,
         responses={200: EffectRecordOut},
-        problems=(400, 401, 403, 404, 409, 413, 503),
+        problems=(400, 401, 403, 404, 409, 413, 415, 503),
     ),
     Route(
         "GET",
@@ -494,7 +494,7 @@ ROUTES: tuple[Route, ...] = (
         "Cancel a job: every later call and registration is refused",
         roles=("scheduler",),
         responses={200: CancelOut},
-        problems=(400, 401, 403, 503),
+        problems=(400, 401, 403, 415, 503),
     ),
     Route(
         "GET",

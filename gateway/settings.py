@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HOST_ENTRY = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
+_ORIGIN = re.compile(r"https?://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
 
 
 class ConfigError(Exception):
@@ -62,6 +64,37 @@ class ServerSettings(_Section):
     request_log: Literal["all", "problems"] = "all"
     # "auto": uvloop when it is installed (the `fast` extra), else asyncio's own loop.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # Browsers (gateway.browser): the Host names this gateway answers to ("name" any port,
+    # "name:port" that port, "*" any); unset: loopback names in open mode, any with keys.
+    allowed_hosts: tuple[str, ...] | None = None
+    # Origins whose requests are served (scheme://host[:port]); default none: a request
+    # with an Origin header is refused. No CORS headers are sent either way.
+    allowed_origins: tuple[str, ...] = ()
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        out = []
+        for host in value:
+            if host != "*" and not _HOST_ENTRY.fullmatch(host.lower()):
+                raise ValueError(
+                    f"{host!r} is not a host name, [IPv6] or IP, with an optional :port"
+                )
+            out.append(host.lower())
+        return tuple(out)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: scheme://host[:port] in lower case, no path "
+                    "(no wildcards)"
+                )
+        return value
 
     @field_validator("event_loop")
     @classmethod

@@ -88,6 +88,8 @@ class Serve:
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
     ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
+        if data is not None:  # urllib's default is a form's type: refused (415)
+            headers = {"Content-Type": "application/json", **(headers or {})}
         req = urllib.request.Request(
             self.url(path), data=data, method=method, headers=headers or {}
         )
