@@ -84,7 +84,10 @@ def validate_configs(
         if secret is None:
             continue
         for field, value in config.model_dump().items():
-            if field.endswith("_env") and value:
+            if field.endswith("_env") and isinstance(value, dict):  # e.g. webhook headers_env
+                for key, env in value.items():
+                    secret(env, f"adapters.{name}.{field}.{key}")
+            elif field.endswith("_env") and value:
                 secret(value, f"adapters.{name}.{field}")
 
 

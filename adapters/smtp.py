@@ -6,8 +6,11 @@ idempotency key, so every attempt of a step carries the same one and receiving
 systems (and auditors) can spot a duplicate; ``X-Fencegate-Key`` and
 ``X-Fencegate-Generation`` headers are added too.
 
-Header values with CR/LF — raw, RFC 2047-encoded or percent-encoded — are
-refused before anything is sent (400).
+Header values with a control character or line separator (C0, DEL, C1 incl.
+NEL, U+2028/U+2029: Python's email package folds at VT, FF, NEL and U+2028) —
+raw, RFC 2047-encoded or percent-encoded — are refused before anything is
+sent (400). A connection error tells the worker the phase and the error's
+type; the server's host and port go to the gateway's log only.
 
 ==================================================  ===============
 what happened                                       outcome
@@ -34,6 +37,7 @@ from email.message import EmailMessage
 from typing import Any, ClassVar, Literal
 
 import aiosmtplib
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adapters.base import (
@@ -49,10 +53,14 @@ from adapters.base import (
     Unknown,
     describe,
 )
+from adapters.headers import has_control
 
 __all__ = ["SendPayload", "SmtpAdapter", "SmtpConfig", "message_id_for"]
 
-_ADDRESS = re.compile(r"^[^@\s<>,;:\"()\[\]\\]+@[A-Za-z0-9.-]+$")
+log = structlog.get_logger("fencegate.smtp")
+
+# used with fullmatch ("$" would take a trailing "\n")
+_ADDRESS = re.compile(r"[^@\s<>,;:\"()\[\]\\\x00-\x1f\x7f-\x9f\u2028\u2029]+@[A-Za-z0-9.-]+")
 
 
 class SmtpConfig(AdapterConfig):
@@ -70,16 +78,17 @@ class SmtpConfig(AdapterConfig):
     @field_validator("sender")
     @classmethod
     def _sender(cls, v: str) -> str:
-        if not _ADDRESS.match(v):
+        if not _ADDRESS.fullmatch(v):
             raise ValueError("sender must be a plain address like jobs@example.com")
         return v
 
 
 def _has_line_break(value: str) -> bool:
-    if "\r" in value or "\n" in value:
+    """A control character or line separator: raw, percent-encoded or RFC 2047-encoded."""
+    if has_control(value):
         return True
-    if "%0a" in value.lower() or "%0d" in value.lower():
-        return "\n" in urllib.parse.unquote(value) or "\r" in urllib.parse.unquote(value)
+    if "%" in value and has_control(urllib.parse.unquote(value)):
+        return True
     if "=?" in value:  # RFC 2047 encoded words
         try:
             for chunk, charset in decode_header(value):
@@ -88,7 +97,7 @@ def _has_line_break(value: str) -> bool:
                     if isinstance(chunk, bytes)
                     else chunk
                 )
-                if "\r" in text or "\n" in text:
+                if has_control(text):
                     return True
         except Exception:
             return True
@@ -109,14 +118,14 @@ class SendPayload(BaseModel):
     @classmethod
     def _addresses(cls, v: list[str]) -> list[str]:
         for addr in v:
-            if _has_line_break(addr) or not _ADDRESS.match(addr):
+            if _has_line_break(addr) or not _ADDRESS.fullmatch(addr):
                 raise ValueError(f"{addr!r} is not a plain email address")
         return v
 
     @field_validator("reply_to")
     @classmethod
     def _reply_to(cls, v: str | None) -> str | None:
-        if v is not None and (_has_line_break(v) or not _ADDRESS.match(v)):
+        if v is not None and (_has_line_break(v) or not _ADDRESS.fullmatch(v)):
             raise ValueError(f"{v!r} is not a plain email address")
         return v
 
@@ -124,7 +133,9 @@ class SendPayload(BaseModel):
     @classmethod
     def _subject(cls, v: str) -> str:
         if _has_line_break(v):
-            raise ValueError("subject must not contain line breaks (raw or encoded)")
+            raise ValueError(
+                "subject must not contain control characters or line breaks (raw or encoded)"
+            )
         return v
 
 
@@ -221,7 +232,11 @@ class SmtpAdapter:
         except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
             if phase == "data":
                 return Unknown(f"connection lost after DATA was sent: {type(exc).__name__}")
-            return NotDelivered(f"SMTP {phase} failed: {type(exc).__name__}: {exc}")
+            # the message names the server's host and port: the log's, not the worker's
+            log.warning(
+                "smtp_not_delivered", adapter=self.name, phase=phase, error=f"{exc!r}"[:500]
+            )
+            return NotDelivered(f"SMTP {phase} failed: {type(exc).__name__}")
         finally:
             if smtp.is_connected:
                 try:

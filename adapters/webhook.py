@@ -2,7 +2,10 @@
 
 Downstream sees ``Idempotency-Key: <job>:<step>``, ``Fencing-Token: <generation>``,
 ``X-Fencegate-Operation``; redirects are never followed; the response is
-size-limited before it is stored.
+size-limited before it is stored. Extra headers come from the config only:
+``headers`` (in clear) and ``headers_env`` (header → name of the environment
+variable holding its value, for secrets such as ``Authorization``); names must
+be RFC 9110 tokens and values printable ASCII (no control characters).
 
 =============================================  ===============
 what happened                                  outcome
@@ -23,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import AnyHttpUrl, Field
+from pydantic import AnyHttpUrl, Field, field_validator
 
 from adapters import http
 from adapters.base import (
@@ -38,10 +41,11 @@ from adapters.base import (
     Outcome,
     Unknown,
 )
+from adapters.headers import check_header
 
 __all__ = ["WebhookAdapter", "WebhookConfig"]
 
-_OPERATION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_OPERATION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: no trailing "\n"
 _RETRYABLE = frozenset({429, 503})
 
 
@@ -53,6 +57,24 @@ class WebhookConfig(AdapterConfig):
     dedupes_by_key: bool = False
     max_response_bytes: int = Field(default=65_536, ge=0, le=16 * 1024 * 1024)
     headers: dict[str, str] = Field(default_factory=dict)
+    # header name -> environment variable holding its value (secrets stay out of the file)
+    headers_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, val in value.items():
+            check_header(name, val, "headers")
+        return value
+
+    @field_validator("headers_env")
+    @classmethod
+    def _headers_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, env in value.items():
+            check_header(name, "", "headers_env")
+            if not env:
+                raise ValueError(f"headers_env: {name} names no environment variable")
+        return value
 
 
 class WebhookAdapter:
@@ -64,17 +86,19 @@ class WebhookAdapter:
         self._url = str(config.url)
         self._http = ctx.http
         self.capabilities = Capabilities(dedupes_by_key=config.dedupes_by_key, lookup=False)
-        for header, value in config.headers.items():
-            if "\r" in value or "\n" in value or "\r" in header or "\n" in header:
-                raise ValueError(f"header {header!r} contains a line break")
+        self._headers = dict(config.headers)
+        for header, env in config.headers_env.items():
+            value = ctx.secret(env, f"adapters.{name}.headers_env.{header}")
+            check_header(header, value, f"headers_env.{header} (from {env})")
+            self._headers[header] = value
 
     def validate(self, operation: str, payload: Mapping[str, Any]) -> None:
-        if not _OPERATION.match(operation):
+        if not _OPERATION.fullmatch(operation):
             raise InvalidPayload("operation must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
     async def dispatch(self, request: EffectRequest) -> Outcome:
         headers = {
-            **self._config.headers,
+            **self._headers,
             "Content-Type": "application/json",
             "Idempotency-Key": request.idempotency_key,
             "Fencing-Token": str(request.generation),

@@ -101,9 +101,11 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
 
 def _configured_secrets(settings: Settings) -> list[str]:
     """Every secret the config names (adapter credentials, keys, signing keys): never logged."""
-    names = [
-        section[k] for section in settings.adapters.values() for k in section if k.endswith("_env")
-    ]
+    names: list[object] = []
+    for section in settings.adapters.values():
+        for key, value in section.items():
+            if key.endswith("_env"):  # a name, or a table of names (webhook headers_env)
+                names += list(value.values()) if isinstance(value, dict) else [value]
     names += [k.key_env for k in settings.auth.keys if k.key_env]
     if settings.auth.token_signing_key_env:
         names.append(settings.auth.token_signing_key_env)
@@ -478,7 +480,7 @@ def _after(a: str, b: str) -> bool:
 
 
 def _tenant(value: str) -> str:
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise argparse.ArgumentTypeError(f"tenant must match {NAME_RE.pattern}")
     return value
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -41,6 +42,7 @@ __all__ = ["create_app"]
 log = structlog.get_logger("fencegate")
 
 SecretReader = Callable[[str, str], str]
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,64}")  # echoed as a header: printable ASCII only
 
 
 @web.middleware
@@ -49,7 +51,9 @@ async def _request_middleware(
 ) -> web.StreamResponse:
     """Problems for every error, and one canonical log line per request."""
     # a correlation id, not a secret: the PRNG, not a getrandom() system call per request
-    request_id = request.headers.get("X-Request-Id", "")[:64] or f"{random.getrandbits(64):016x}"
+    request_id = request.headers.get("X-Request-Id", "")[:64]
+    if not _REQUEST_ID.fullmatch(request_id):
+        request_id = f"{random.getrandbits(64):016x}"
     context = request_context(request_id=request_id)
     started = time.perf_counter()
     metrics = request.app[K.METRICS]

@@ -57,7 +57,11 @@ class Authenticator:
             return OPEN
         if not header or not header.startswith("Bearer "):
             raise Unauthorized("send Authorization: Bearer <key>")
-        digest = hashlib.sha256(header[7:].strip().encode()).digest()
+        try:  # aiohttp hands undecodable header bytes on as lone surrogates
+            presented = header[7:].strip().encode()
+        except UnicodeEncodeError:
+            raise Unauthorized("the API key is not valid UTF-8") from None
+        digest = hashlib.sha256(presented).digest()
         found: Principal | None = None
         # Compare against every key so timing does not say which one matched.
         for known, principal in self._keys:

@@ -47,8 +47,11 @@ from gateway.tokens import parse_unsigned_token
 
 __all__ = ["HOT_HANDLERS", "ROUTES", "Route"]
 
-_WORKER_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
-_CURSOR = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+# every pattern here is used with fullmatch: "$" would accept a trailing "\n"
+_WORKER_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_CURSOR = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+_LIMIT = re.compile(r"[0-9]{1,4}")
+_U64 = 2**64 - 1
 JSON = "application/json"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -80,7 +83,7 @@ def respond(
 
 
 def _name(value: str, what: str) -> str:
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise InvalidRequest(f"{what} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$")
     return value
 
@@ -132,7 +135,7 @@ def _worker_id(request: web.Request) -> str | None:
     wid = request.headers.get("Worker-Id")
     if wid is None:
         return None
-    if not _WORKER_ID.match(wid):
+    if not _WORKER_ID.fullmatch(wid):
         raise InvalidRequest("Worker-Id must be 1 to 128 printable ASCII characters")
     bind(worker_id=wid)
     return wid
@@ -363,15 +366,16 @@ async def audit_rejections(request: web.Request) -> web.Response:
     principal.require("auditor")
     q = request.query
     job_id = _name(q["job"], "job") if "job" in q else None
-    try:
-        limit = int(q.get("limit", "100"))
-    except ValueError:
-        raise InvalidRequest("limit must be an integer from 1 to 1000") from None
-    if not 1 <= limit <= 1000:
+    raw_limit = q.get("limit", "100")
+    if not _LIMIT.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= 1000:
         raise InvalidRequest("limit must be an integer from 1 to 1000")
+    limit = int(raw_limit)
     cursor = q.get("cursor")
-    if cursor is not None and not _CURSOR.match(cursor):
-        raise InvalidRequest("cursor must be a value returned as next_cursor")
+    if cursor is not None:
+        m = _CURSOR.fullmatch(cursor)
+        # a stream id: two unsigned 64-bit numbers, above 0-0 (the page ends before it)
+        if m is None or int(m[1]) > _U64 or int(m[2]) > _U64 or int(m[1]) + int(m[2]) == 0:
+            raise InvalidRequest("cursor must be a value returned as next_cursor")
     entries, next_cursor = await request.app[K.STORE].audit(
         principal.tenant, job_id=job_id, limit=limit, cursor=cursor
     )

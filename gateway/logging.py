@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
+import re
 import sys
 from collections.abc import Iterable, MutableMapping
 from contextvars import ContextVar
@@ -25,6 +26,7 @@ __all__ = [
     "bind",
     "configure_logging",
     "end_request",
+    "escape_controls",
     "log_request",
     "redactor",
     "request_context",
@@ -83,6 +85,28 @@ def redactor(secrets: Iterable[str]) -> structlog.types.Processor:
         return event
 
     return redact
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_NO_LF = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_MULTILINE = frozenset({"exception", "stack"})  # tracebacks keep their line breaks and tabs
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Console mode: control characters in values (a request path's ESC, CR, BEL …) are
+    written as ``\\xNN`` escapes, so nothing a client sends can drive the terminal or
+    forge a log line. (The JSON renderer escapes them itself.)"""
+    for key, value in event.items():
+        if isinstance(value, str):
+            pattern = _CONTROL_NO_LF if key in _MULTILINE else _CONTROL
+            if pattern.search(value):
+                event[key] = pattern.sub(_escape_char, value)
+    return event
 
 
 _log = structlog.get_logger("fencegate")
@@ -159,6 +183,7 @@ def configure_logging(
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
         redact,
+        *(() if as_json else (escape_controls,)),
         renderer,
     ]
     min_level = logging.getLevelName(level.upper())

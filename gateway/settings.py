@@ -32,7 +32,7 @@ __all__ = [
     "read_secret",
 ]
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # use with fullmatch: "$" takes a "\n"
 _HOST_ENTRY = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
 _ORIGIN = re.compile(r"https?://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
 
@@ -147,7 +147,7 @@ class AuthKey(_Section):
     @field_validator("tenant")
     @classmethod
     def _tenant_name(cls, v: str) -> str:
-        if not NAME_RE.match(v):
+        if not NAME_RE.fullmatch(v):
             raise ValueError("tenant must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
         return v
 
@@ -180,7 +180,7 @@ class Settings(BaseSettings):
     @classmethod
     def _adapter_names(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, section in v.items():
-            if not NAME_RE.match(name):
+            if not NAME_RE.fullmatch(name):
                 raise ValueError(f"adapter name {name!r} must match {NAME_RE.pattern}")
             if "type" not in section:
                 raise ValueError(f"[adapters.{name}] needs a 'type' key")

@@ -5,7 +5,8 @@ leading zeros, no spaces. Anything else is :class:`~gateway.errors.InvalidReques
 
 Signed mode (``auth.token_signing_key_env`` set): ``v1.<gen>.<exp>.<sig>`` with
 ``sig = base64url(HMAC-SHA256(key, "<tenant>/<job_id>.<gen>.<exp>"))`` without
-padding. Forged, expired, unsigned, other-job and other-tenant tokens are
+padding, in its one canonical spelling (no leading zeros, no sign, no spaces).
+Forged, expired, unsigned, other-job, other-tenant and non-canonical tokens are
 :class:`~gateway.errors.BadToken`.
 """
 
@@ -54,7 +55,11 @@ def parse_unsigned_token(token: str | None) -> int:
 
 # -- signed tokens (SPEC §6) --------------------------------------------------
 
-_SIGNED = re.compile(r"v1\.([1-9][0-9]{0,15})\.([0-9]{1,12})\.([A-Za-z0-9_-]{43})")
+# canonical only: decimals without leading zeros, no sign, no spaces; the signature is
+# unpadded base64url of 32 bytes (43 characters, the last one's two spare bits zero)
+_SIGNED = re.compile(
+    r"v1\.([1-9][0-9]{0,15})\.([1-9][0-9]{0,11})\.([A-Za-z0-9_-]{42}[AEIMQUYcgkosw048])"
+)
 
 
 def _signature(key: bytes, tenant: str, job_id: str, generation: int, expires_at: int) -> str:
