@@ -23,6 +23,7 @@ from aiohttp import web
 from adapters.base import AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import appkeys as K
+from gateway import audit_anchor as anchors_module
 from gateway.auth import Authenticator
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.handlers import HOT_HANDLERS, ROUTES
@@ -120,6 +121,8 @@ def create_app(
         except ValueError as exc:
             raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
 
+    audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
+
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(
             redis_url,
@@ -133,6 +136,10 @@ def create_app(
             retention_seconds=settings.fencing.retention_seconds,
             state_file=state_file,
             request_memory_seconds=settings.redis.request_memory_seconds,
+            audit_key=audit_keys[0] if audit_keys else "",
+        )
+        anchorer = anchors_module.Anchorer(
+            client, store.audit_touched, anchors_module.anchor_path(settings), audit_keys
         )
         try:
             await store.load_scripts()
@@ -159,10 +166,12 @@ def create_app(
                     await store.heartbeat_epoch()
 
         ticker = asyncio.create_task(epochs())
+        anchorer.start(settings.audit.anchor_interval_seconds)
         yield
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
+        await anchorer.stop()  # the heads of the last interval, after the drain
         await store.aclose()
         await client.aclose()
 
