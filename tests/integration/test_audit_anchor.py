@@ -268,6 +268,23 @@ async def test_anchor_of_a_deleted_stream_is_broken_unless_retention_expired_it(
     assert "{default/old}" not in out and "(1 past retention, not checkable)" in out
 
 
+async def test_entries_deleted_before_the_anchor_was_taken_are_noticed(
+    make_gateway: Any, keyed: str, redis_sync: Any, redis_url: str
+) -> None:
+    """Truncated between the rejections and the next anchor: the anchor is taken from the
+    truncated Redis, but it names the newest entry the gateway saw in a reply (`seen`)."""
+    gw = await gateway(make_gateway, interval=3600)
+    await rejections(gw, 3)
+    rows = await truncate(redis_sync, keep=1)
+    await gw.client.close()  # the shutdown anchor
+    path = anchor_file(gw)
+    [anchor] = anchors(path)
+    assert anchor["entry"] == rows[0][0] and anchor["seen"] == rows[2][0]
+    code, out = await verify(redis_url, "--anchors", str(path))
+    assert code == 1, out
+    assert f"{STREAM}: entry {rows[2][0]}, written through the gateway, missing" in out
+
+
 # -- (c) the documented limitation ---------------------------------------------------------
 
 
@@ -275,8 +292,9 @@ async def test_entries_newer_than_the_last_anchor_can_be_deleted_undetected(
     make_gateway: Any, keyed: str, redis_sync: Any, redis_url: str
 ) -> None:
     """The limitation the README states: deleting the entries written since the newest
-    anchor of their job, and resetting the job's head, is NOT detected. Anchors bound the
-    window to `[audit] anchor_interval_seconds`; they cannot close it."""
+    anchor of their job, and resetting the job's head, is NOT detected (until the gateway
+    writes its next anchor). Anchors bound the window to `[audit] anchor_interval_seconds`;
+    they cannot close it."""
     first = await gateway(make_gateway, interval=3600)
     await rejections(first, 2)
     await first.client.close()  # shutdown anchors the heads of its last interval
