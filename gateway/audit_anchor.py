@@ -37,6 +37,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -72,6 +73,7 @@ PIPE_BUF = 4096
 MIN_KEY_BYTES = 16
 # jobs read per round when anchoring (one MULTI each, pipelined side by side)
 _CHUNK = 64
+_ID_RE = re.compile(r"^(\d{1,20}-\d{1,20})?$")  # a stream entry id, or none
 
 
 def audit_keys(settings: Settings, secret: Callable[[str, str], str]) -> list[str]:
@@ -229,7 +231,10 @@ class Anchorer:
     async def _loop(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            await self.anchor_once()
+            try:
+                await self.anchor_once()
+            except Exception:  # never let anchoring stop for good
+                log.exception("audit_anchor_failed")
 
     def start(self, interval: float) -> None:
         self._task = asyncio.create_task(self._loop(interval))
@@ -291,7 +296,11 @@ def read_anchors(paths: Iterable[Path]) -> tuple[list[dict[str, Any]], list[str]
                 continue
             if "event" in record and record["event"] != "audit_anchor":
                 continue  # another line of a gateway log
-            if not all(isinstance(record.get(k), str) for k in ("tenant", "job_id", "entry")):
+            ids = (record.get("entry"), record.get("seen", ""))
+            if not (
+                all(isinstance(record.get(k), str) for k in ("tenant", "job_id"))
+                and all(isinstance(i, str) and _ID_RE.match(i) for i in ids)
+            ):
                 problems.append(f"{path}:{n}: not an anchor")
                 continue
             record["_where"] = f"{path}:{n}"
@@ -393,6 +402,9 @@ async def verify(
                 broken.append(
                     f"{stream}: entry {seen_id}, written through the gateway, missing ({where})"
                 )
+            if not entry:  # the chain was gone when the anchor was taken
+                broken.append(f"{stream}: anchored with no chain head ({where})")
+                continue
             if entry not in index:
                 if gone(entry):
                     broken.append(f"{stream}: anchored entry {entry} missing ({where})")
@@ -412,12 +424,13 @@ async def verify(
     for stream, rest in by_stream.items():
         for anchor in rest:
             check_mac(anchor)
-            if not _gone(anchor["entry"], first=None, now_ms=now_ms, retention_ms=retention_ms):
+            newest = max((anchor["entry"], anchor.get("seen") or ""), key=lambda i: _id(i or "0"))
+            if not _gone(newest or "0", first=None, now_ms=now_ms, retention_ms=retention_ms):
                 expired += 1
             else:
                 broken.append(
                     f"{stream}: the job's audit stream is gone, anchored up to "
-                    f"{anchor['entry']} ({anchor['_where']})"
+                    f"{newest} ({anchor['_where']})"
                 )
     return AnchorCheck(
         jobs,

@@ -129,7 +129,7 @@ async def test_lua_hmac_matches_python_for_every_key_length(
         items = [(k, v) for k, v in fields.items() if k != "hash"]
         assert fields["hash"] == chain_hash(items, key.encode())
         assert fields["hash"] != chain_hash(items)  # not the unkeyed SHA-1
-    code, out = await verify(redis_url, key=key)
+    code, out = await verify(redis_url, "--anchors", os.devnull, key=key)
     assert code == 0, out
     assert f"1 jobs, 2 entries, intact; keyed (kid {key_id(key)})" in out
 
@@ -283,6 +283,19 @@ async def test_entries_deleted_before_the_anchor_was_taken_are_noticed(
     code, out = await verify(redis_url, "--anchors", str(path))
     assert code == 1, out
     assert f"{STREAM}: entry {rows[2][0]}, written through the gateway, missing" in out
+
+
+async def test_torn_or_malformed_anchor_lines_are_reported(
+    redis_sync: Any, redis_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "a.jsonl"
+    bad = {"tenant": "default", "job_id": "r", "entry": "1-0; DROP"}
+    path.write_text('{"v":1,"at":17\n' + json.dumps(bad) + '\n{"event":"request"}\n')
+    code, out = await verify(redis_url, "--anchors", str(path))
+    assert code == 1
+    assert f"BROKEN  {path}:1: unreadable anchor line" in out
+    assert f"BROKEN  {path}:2: not an anchor" in out
+    assert ":3:" not in out  # another line of a gateway log: not an anchor, not a problem
 
 
 # -- (c) the documented limitation ---------------------------------------------------------
