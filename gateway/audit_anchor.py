@@ -47,7 +47,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.keys import JobKeys
 from gateway.records import AuditCheck, chain_hash
@@ -214,7 +214,8 @@ class Anchorer:
                 records += [r for r in read if r is not None]
         except (TimeoutError, RedisError, OSError) as exc:
             again()
-            log.warning("audit_anchor_failed", jobs=len(jobs), detail=f"Redis: {exc}")
+            report = log.error if isinstance(exc, ResponseError) else log.warning  # ACL, bug
+            report("audit_anchor_failed", jobs=len(jobs), detail=f"Redis: {exc}")
             return 0
         if not records:
             return 0
