@@ -182,8 +182,6 @@ def create_app(
                 n for n, s in settings.adapters.items() if s.get("tenant_in_key")
             ),
             crash_hook=crash_hook,
-            # how long an admit whose reply was lost is sent again to learn its verdict
-            admit_grace_seconds=max(1.0, 2 * settings.redis.timeout_seconds),
         )
         relay = asyncio.create_task(
             app[K.SERVICE].relay_forever(
