@@ -40,6 +40,7 @@ from gateway.models import (
     ResolveBody,
     iso_ms,
 )
+from gateway.prefer import parse_prefer
 from gateway.records import EffectRecord
 from gateway.settings import NAME_RE
 from gateway.tokens import parse_unsigned_token
@@ -262,7 +263,7 @@ async def perform_effect(request: web.Request) -> web.Response:
     body: EffectBody = await _body(request, EffectBody)
     bind(adapter=body.adapter)
     gen = await _generation(request, keys, step=step, worker_id=worker_id, adapter=body.adapter)
-    respond_async = "respond-async" in request.headers.get("Prefer", "").lower()
+    respond_async = "respond-async" in parse_prefer(request.headers.getall("Prefer", ()))
     res = await request.app[K.SERVICE].perform(
         keys,
         step,
