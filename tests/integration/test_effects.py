@@ -198,9 +198,11 @@ async def test_adapter_unavailable_then_retry_succeeds(gw: Gateway, upstream: Up
     assert len(upstream.received) == 1
 
 
-async def test_503_from_upstream_is_not_delivered(gw: Gateway, upstream: Upstream) -> None:
+async def test_429_from_upstream_is_not_delivered(gw: Gateway, upstream: Upstream) -> None:
+    """429 (rate limited: not forwarded, not processed) releases the step. A 503 does not:
+    a proxy may answer it after forwarding (tests/integration/test_proxy_statuses.py)."""
     await gw.register("r", generation=1)
-    upstream.behaviour = 503
+    upstream.behaviour = 429
     await problem(await gw.effect("r", "notify", 1), 502, "adapter_unavailable")
     upstream.behaviour = "ok"
     assert (await gw.effect("r", "notify", 1)).status == 200
