@@ -220,3 +220,21 @@ async def test_an_operator_result_with_a_big_integer_is_kept_exactly(
     assert resp.status == 200, await resp.text()
     record = json.loads(await (await gw.client.get("/v1/jobs/n/effects/s")).read())
     assert record["result"] == {"charge": value}
+
+
+def test_the_readme_says_what_these_tests_check() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = " ".join(readme.split("### JSON numbers", 1)[1].split("\n### ", 1)[0].split())
+    for claim in (
+        "**An integer (no fraction, no exponent) is carried exactly, at any size**",
+        "`1180591620717411303425` (2^70+1) reaches a webhook as those digits",
+        "(`422 intent_mismatch`, not a replay)",
+        "(`payload.a.1.b: the number 1e999 has no finite IEEE 754 double (it overflows); …`)",
+        "(`1e999`, `-1e999`), a non-zero number that becomes 0 (`1e-400`), `NaN` and `Infinity`",
+        "A downstream answer with such numbers is stored, and replayed, as its text.",
+        "a digest of a stored intent never changes",
+    ):
+        assert claim in section, claim
+    assert str(2**70 + 1) == "1180591620717411303425"

@@ -56,3 +56,16 @@ async def test_the_respond_async_preference_goes_to_the_relay(
 ) -> None:
     assert (await gw.register("p", generation=1)).status == 201
     assert await call(gw, prefer) == 202
+
+
+def test_the_readme_names_the_cases_tested_here() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("### Prefer: respond-async", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    for case in ("respond-async, wait=10", "RESPOND-ASYNC", "no-respond-async",
+                 "respond-async-x", "return=minimal; respond-async-x"):  # fmt: skip
+        assert f"`{case}`" in flat, case
+    assert "Only the `respond-async` preference sends a call to the relay (202)" in flat
+    assert "those calls are performed at once (200)" in flat
