@@ -13,6 +13,17 @@ outcome            meaning                                      step becomes
 ``Unknown``        may or may not have happened                 ``unknown``
 =================  ===========================================  =================
 
+``NotDelivered`` is a promise that the downstream did not act: the step is
+released and the next call sends it again. Return it only when that is proven —
+nothing was sent (the connection never opened, the deadline passed first), or
+the origin itself said so in a way nothing in between could fake after
+forwarding (Stripe's documented 409 idempotency conflict and 429, a status the
+deployment listed in a webhook's ``not_delivered_statuses``). Anything a proxy
+in front of the downstream may answer *after* forwarding — 502, 503, 504 —
+and a reset or timeout after sending is ``Unknown``: a downstream that
+``dedupes_by_key`` gets it again under the same key, one with ``lookup`` is
+asked, any other stays ``unknown`` for an operator.
+
 Adapters never take a URL, host, port or header from the request: where they
 send is fixed by configuration.
 """

@@ -15,10 +15,14 @@ Jira answered                               outcome
 2xx                                         Delivered
 400, 404                                    Failed
 401/403 (fix credentials, retry)            NotDelivered
-429, 503                                    NotDelivered
-other 5xx, timeout / lost after sending     Unknown → lookup
+429 (rate limited, not processed)           NotDelivered
+5xx (503 too), timeout, lost after send     Unknown → lookup
 connection refused                          NotDelivered
 ==========================================  ============
+
+A 503 (like a 502 or 504) may come from a proxy in front of Jira after it
+forwarded the request, so it is ``Unknown`` and resolved by ``lookup`` on the
+next call — not released, which sent a second ticket without looking.
 """
 
 from __future__ import annotations
@@ -201,7 +205,7 @@ def _classify(resp: http.Response) -> Outcome:
     if 200 <= resp.status < 300:
         body = resp.body if isinstance(resp.body, dict) else {}
         return Delivered({k: body[k] for k in ("id", "key", "self") if k in body})
-    if resp.status in (401, 403, 429, 503):
+    if resp.status in (401, 403, 429):
         return NotDelivered(f"jira answered {resp.status}")
     if resp.status >= 500:
         return Unknown(f"jira answered {resp.status}")

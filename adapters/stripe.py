@@ -17,10 +17,17 @@ Stripe answered                                     outcome
 402 card_error, 400 invalid_request_error, 404      Failed
 401/403 (bad key: fix config, then retry)           NotDelivered
 409 (same key in flight), 429 (rate limited)        NotDelivered
-5xx                                                 Unknown (re-sent with the same key)
+5xx (502, 503, 504 included)                        Unknown (re-sent with the same key)
 connection refused                                  NotDelivered
 timeout / connection lost after sending             Unknown (re-sent with the same key)
 =================================================  =======================
+
+Only Stripe's own documented answers release a step: 401/403 (the key), 409
+(Stripe's idempotency conflict: a request with this key is still in flight) and
+429 (rate limited), none of which a proxy produces after forwarding. Any 5xx
+may be a proxy's after forwarding, so it is ``Unknown``: Stripe deduplicates by
+``Idempotency-Key``, so the next call looks the object up, then re-sends under
+the same key.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ class StripePeer:
 class JiraPeer:
     user: str = "bot@example.com"
     token: str = "jira-token"
-    mode: str = "ok"  # ok | 500 | 503 | drop_after_create
+    mode: str = "ok"  # ok | 500 | 503 | 503_after_create | drop_after_create
     issues: dict[str, dict[str, Any]] = field(default_factory=dict)
     comments: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     url: str = ""
@@ -195,6 +195,8 @@ class JiraPeer:
             return web.json_response({"errorMessages": ["boom"]}, status=500)
         if self.mode == "503" and not created:
             return web.json_response({"errorMessages": ["maintenance"]}, status=503)
+        if self.mode == "503_after_create" and created:  # a proxy's 503 after Jira did it
+            return web.json_response({"errorMessages": ["upstream reset"]}, status=503)
         if self.mode == "drop_after_create" and created:
             _drop(request)
             await asyncio.sleep(5)
@@ -210,7 +212,8 @@ class JiraPeer:
             return web.json_response({"errors": {"summary": "required"}}, status=400)
         key = f"{fields['project']['key']}-{len(self.issues) + 1}"
         self.issues[key] = {"id": str(10000 + len(self.issues)), "key": key, "fields": fields}
-        await self._misbehave(request, created=True)
+        if (bad := await self._misbehave(request, created=True)) is not None:
+            return bad
         return web.json_response(
             {
                 "id": self.issues[key]["id"],
