@@ -30,13 +30,14 @@ send is fixed by configuration.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 __all__ = [
     "Adapter",
@@ -52,6 +53,9 @@ __all__ = [
     "Unknown",
     "describe",
 ]
+
+
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class InvalidPayload(ValueError):
@@ -73,8 +77,34 @@ class AdapterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: str
-    # Send "<tenant>/<job>:<step>" as the key, for a downstream shared by several tenants.
-    tenant_in_key: bool = False
+    # The tenants whose workers may use this adapter: ["a", "b"], or "*" (every tenant).
+    # Any other tenant is told the adapter does not exist (422 unknown_adapter).
+    tenants: tuple[str, ...] = ("*",)
+    # Downstream key "<tenant>/<job>:<step>" (true) or "<job>:<step>" (false). Unset, the
+    # gateway decides: tenant-qualified whenever the deployment has more than one tenant.
+    # In such a deployment false is refused at start (gateway.tenancy); the gateway hands
+    # every adapter the resolved value.
+    tenant_in_key: bool | None = None
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _tenants(cls, v: Any) -> Any:
+        if v == "*":
+            return ("*",)
+        if isinstance(v, (list, tuple)):
+            if not v:
+                raise ValueError('name at least one tenant, or "*" for every tenant')
+            for t in v:
+                if not isinstance(t, str) or not (t == "*" or _TENANT.fullmatch(t)):
+                    raise ValueError(f'{t!r} is not a tenant name (or "*")')
+            if "*" in v and len(v) > 1:
+                raise ValueError('"*" (every tenant) cannot be combined with tenant names')
+        return v
+
+    @property
+    def tenant_keyed(self) -> bool:
+        """Whether the downstream key (and label, Message-ID, metadata) carries the tenant."""
+        return bool(self.tenant_in_key)
 
 
 @dataclass(frozen=True, slots=True)

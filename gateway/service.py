@@ -80,11 +80,14 @@ class EffectService:
         *,
         dispatch_timeout_seconds: float,
         tenant_keyed: frozenset[str] = frozenset(),
+        adapter_tenants: Mapping[str, frozenset[str] | None] | None = None,
         crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         self._adapters = adapters
         self._tenant_keyed = tenant_keyed
+        # adapter -> the tenants that may use it (None or absent: every tenant)
+        self._adapter_tenants = adapter_tenants or {}
         # Chaos testing only (serve --chaos-crash-at): may SIGKILL this process at a point.
         self._crash = crash_hook or (lambda point: None)
         self._metrics = metrics
@@ -101,11 +104,14 @@ class EffectService:
         self._relay_stopping = True
         self.relay_wakeup.set()
 
-    def adapter(self, name: str) -> Adapter:
-        try:
-            return self._adapters[name]
-        except KeyError:
-            raise UnknownAdapter(f"no adapter named {name!r} is configured") from None
+    def adapter(self, name: str, tenant: str) -> Adapter:
+        """The adapter, if the tenant may use it: another tenant's adapter is answered
+        exactly like one that is not configured (no probing other tenants' adapters)."""
+        adapter = self._adapters.get(name)
+        allowed = self._adapter_tenants.get(name)
+        if adapter is None or (allowed is not None and tenant not in allowed):
+            raise UnknownAdapter(f"no adapter named {name!r} is configured")
+        return adapter
 
     async def perform(
         self,
@@ -120,7 +126,7 @@ class EffectService:
         respond_async: bool = False,
     ) -> EffectResult:
         """Perform a step now, or (``respond_async``) record it for the relay and return."""
-        adapter = self.adapter(adapter_name)
+        adapter = self.adapter(adapter_name, keys.tenant)
         try:
             adapter.validate(operation, payload)
         except InvalidPayload as exc:
@@ -566,7 +572,8 @@ class EffectService:
             await self._store.relay_hint(keys, step, claim + 50)
             return True
         adapter = self._adapters.get(claim.adapter)
-        if adapter is None:
+        allowed = self._adapter_tenants.get(claim.adapter)
+        if adapter is None or (allowed is not None and keys.tenant not in allowed):
             log.error("relay_unknown_adapter", adapter=claim.adapter, key=f"{keys.job_id}:{step}")
             reason = {"reason": f"adapter {claim.adapter!r} is not configured"}
             await self._store.record(keys, step, claim.dispatch_id, "failed", error=reason)
