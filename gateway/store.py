@@ -684,7 +684,8 @@ class Store:
                     raise rows
                 raise StoreUnavailable(f"the relay's sweep failed: {type(rows).__name__}")
             # RESP3 answers [member, score] pairs; RESP2 a flat list
-            pairs = rows if rows and isinstance(rows[0], list) else zip(rows[::2], rows[1::2])
+            flat = not rows or not isinstance(rows[0], list)
+            pairs = zip(rows[::2], rows[1::2], strict=True) if flat else rows
             for member, score in pairs:
                 tenant, job_id, step = json.loads(member)
                 await self.relay_hint(JobKeys(tenant, job_id), step, int(float(score)))
