@@ -62,7 +62,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import redis
 from aiohttp import web
 
 from gateway.embedded import EmbeddedRedis, free_port
@@ -122,6 +121,7 @@ class Figures:
     left_unknown: list[str] = field(default_factory=list)
     dup_after_resolution: int = 0
     audited_unanswered: int = 0
+    relay_superseded_audited: int = 0
     window_sends: int = 0
     superseded_sends: int = 0
     foreign_intent_sends: int = 0
@@ -185,18 +185,15 @@ class Downstream:
 
 
 def script_shas() -> dict[str, bytes]:
-    """SHA-1 of each deciding script as the gateway sends it (EVALSHA), by name without its
-    key count: the Redis proxy arms faults on one script's calls."""
-    from importlib import resources
+    """SHA-1 of each deciding script exactly as the gateway sends it (EVALSHA), by name without
+    its key count ("admit", "relay", ...): the Redis proxy arms faults on one script's calls."""
+    from gateway import store
 
-    lua = resources.files("gateway") / "lua"
-    prelude = (lua / "_prelude.lua").read_text(encoding="utf-8")
     out: dict[str, bytes] = {}
-    for f in lua.iterdir():
-        if f.name.endswith(".lua") and not f.name.startswith("_"):
-            src = prelude + "\n" + f.read_text(encoding="utf-8")
-            sha = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
-            out[f.name.removesuffix(".lua").rsplit("-", 1)[0]] = sha.encode()
+    for name in store.SCRIPT_NAMES:
+        src = store._lua_source(name)
+        sha = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+        out[name.rsplit("-", 1)[0]] = sha.encode()
     return out
 
 
@@ -542,6 +539,21 @@ class Chaos:
                 return body
         except (aiohttp.ClientError, TimeoutError):
             return {}
+
+    async def audit(self, http: aiohttp.ClientSession, job: str) -> list[dict[str, Any]]:
+        """The job's audit entries (its own stream), all pages."""
+        entries: list[dict[str, Any]] = []
+        cursor = ""
+        for _ in range(100):
+            url = f"{self.gw.url}/v1/audit/rejections?job={job}&limit=1000"
+            async with http.get(url + (f"&cursor={cursor}" if cursor else "")) as r:
+                assert r.status == 200, f"audit listing of {job}: {r.status}"
+                page = await r.json(content_type=None)
+            entries += page["items"]
+            cursor = page.get("next_cursor") or ""
+            if not cursor:
+                break
+        return entries
 
     async def effect_retrying(
         self,
@@ -915,13 +927,14 @@ class Chaos:
             if not (replay.status == 200 and replay.result == op.result):
                 problems.append(f"C3 {job}:{step}: replay {replay.status} {replay.code}")
         # C4: each stale 409 has exactly one stale audit entry (found by the call's Worker-Id)
-        redis_client = redis.Redis.from_url(self.redis.url, decode_responses=True)
         stale_by_call: Counter[str] = Counter()
-        for stream in redis_client.scan_iter(match="fg:{default/*}:audit", count=1000):
-            for _, f in redis_client.xrange(stream):
-                if f.get("reason") == "stale_generation":
-                    stale_by_call[f.get("worker_id", "")] += 1
-        redis_client.close()
+        resolutions: Counter[tuple[str, str]] = Counter()  # (job, step) -> audited resolutions
+        for job in sorted({op.job for op in effects}):
+            for entry in await self.audit(http, job):
+                if entry.get("reason") == "stale_generation":
+                    stale_by_call[entry.get("worker_id") or ""] += 1
+                elif str(entry.get("reason")).startswith("operator_resolved"):
+                    resolutions[(job, entry.get("step") or "")] += 1
         self.stale_responses = 0
         for op in effects:
             audited = stale_by_call.pop(op.worker, 0)
@@ -932,6 +945,8 @@ class Chaos:
                         f"C4 {op.job}:{op.step} call {op.worker}: one stale 409, "
                         f"{audited} stale audit entries"
                     )
+            elif audited and op.status == 202 and audited == 1:
+                self.figures.relay_superseded_audited += 1  # the relay found it superseded
             elif audited:
                 if op.status in (0, 503, 504):  # the verdict was lost on the wire
                     self.figures.audited_unanswered += 1
@@ -989,6 +1004,18 @@ class Chaos:
                 )
             elif lag > 0:
                 self.figures.window_sends += 1
+        # R4: an operator's resolution is answered as it was recorded: each audited resolution
+        # was answered 200 (a re-sent resolve must not answer 409 for its own write)
+        resolves = [op for op in self.history if op.kind == "resolve"]
+        answered = Counter((op.job, op.step) for op in resolves if op.status == 200)
+        for (job, step), n in sorted(resolutions.items()):
+            if n != answered[(job, step)]:
+                mine = [o for o in resolves if (o.job, o.step) == (job, step)]
+                got = [f"{o.status} {o.code}".strip() for o in mine]
+                problems.append(
+                    f"R4 {job}:{step}: {n} resolutions audited, {answered[(job, step)]} answered "
+                    f"200 (answers: {', '.join(got)})"
+                )
         # R3: nothing is left pending or dispatching once the traffic stopped
         for job in self.wire_jobs:
             effects_now = (await self.job_view(http, job)).get("effects") or {}
@@ -1008,6 +1035,7 @@ class Chaos:
             not in c,
             "R2 no superseded send (below a fence acknowledged before the send)": "R2" not in c,
             "R3 no step left pending or dispatching": "R3" not in c,
+            "R4 every audited operator resolution was answered 200": "R4" not in c,
         }
 
     def report(self, checks: dict[str, bool]) -> str:
@@ -1070,6 +1098,8 @@ class Chaos:
             ("second effects at plain after an operator's resolution", str(f.dup_after_resolution)),
             ("stale rejections audited whose answer was lost (503/504/none)",
              str(f.audited_unanswered)),
+            ("accepted async calls later audited stale (the relay found them superseded)",
+             str(f.relay_superseded_audited)),
         ]  # fmt: skip
         mode = "long" if self.long else "short"
         lines = [f"seed {self.seed}, {mode} run, {len(self.history)} calls recorded", ""]
