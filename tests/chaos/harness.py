@@ -122,6 +122,7 @@ class Figures:
     dup_after_resolution: int = 0
     audited_unanswered: int = 0
     relay_superseded_audited: int = 0
+    wire_phase_s: float = 0.0
     window_sends: int = 0
     superseded_sends: int = 0
     foreign_intent_sends: int = 0
@@ -830,7 +831,9 @@ class Chaos:
         }
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+                started = time.monotonic()
                 await self.wire_phase(http, n["mixed"], n["relay"])
+                self.figures.wire_phase_s = time.monotonic() - started
                 for start in range(0, n["zombie"], 25):
                     await asyncio.gather(
                         *(self.zombie(http, i) for i in range(start, min(start + 25, n["zombie"])))
@@ -1073,8 +1076,8 @@ class Chaos:
              f"{f.proxy_faults}; {p99:.0f} ms"),
             ("empty-Redis restarts failing closed / dispatches during them",
              f"{f.empty_restarts} / {f.empty_restart_dispatches}"),
-            ("wire phase: jobs (mixed / relay takeover) / effect calls",
-             f"{f.mixed_jobs} / {f.relay_scenarios} / {len(wire_ops)}"),
+            ("wire phase: jobs (mixed / relay takeover) / effect calls / duration",
+             f"{f.mixed_jobs} / {f.relay_scenarios} / {len(wire_ops)} / {f.wire_phase_s:.0f} s"),
             ("async calls sent / accepted (202) / async steps",
              f"{async_calls} / {accepted} / {len(self.async_steps)}"),
             ("wire faults hit, gateway-Redis", fmt(self.proxy.hit_counts())),
