@@ -578,12 +578,14 @@ class Chaos:
         return op
 
     async def takeover(self, http: aiohttp.ClientSession, job: str, gen: int) -> Op:
-        """register(gen); counted as 'during relay retries' when an async step of the job was
-        still pending, dispatching or released (the relay retries it) right before."""
+        """register(gen); counted as 'during relay retries' when an async step of the job that
+        the downstream refused (503) was still pending, dispatching or released right before
+        (a refusal by connection is not seen by the downstream: not counted)."""
         effects = (await self.job_view(http, job)).get("effects") or {}
         retrying = any(
             rec.get("state") in ("pending", "dispatching", "released")
             and (job, step) in self.async_steps
+            and self.down.refused[f"{rec.get('adapter')}|{job}:{step}"] > 0
             for step, rec in effects.items()
         )
         op = await self.register(http, job, gen)
