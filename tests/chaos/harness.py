@@ -650,12 +650,13 @@ class Chaos:
         self.wire_jobs.append(job)
         key = f"{adapter}|{job}:{step}"
         await self.register(http, job, 1)
-        self.down.refusing[job] = time.monotonic() + rng.uniform(1.5, 3.5)
+        self.down.refusing[job] = time.monotonic() + 60  # until the relay has tried once
         await self.effect_retrying(http, job, step, 1, adapter, "qa1", is_async=True)
-        for _ in range(40):  # the relay's first attempt was refused
+        for _ in range(120):  # the relay's first attempt was refused (within 6 s)
             if self.down.refused[key]:
                 break
             await asyncio.sleep(0.05)
+        self.down.refusing[job] = time.monotonic() + rng.uniform(1.5, 3.5)
         await asyncio.sleep(rng.uniform(0.0, 1.0))
         gen = 1
         if (await self.takeover(http, job, 2)).status == 201:
@@ -1058,6 +1059,23 @@ class Chaos:
         accepted = sum(op.status == 202 for op in wire_ops)
         async_calls = sum(op.is_async for op in wire_ops)
         redis_scripts = Counter(h.label.split(":")[1] for h in self.proxy.hits)
+        # relay latency: the first 202 of a step to the first send of its key after it
+        first_sends: dict[str, list[float]] = {}
+        for snd in self.dproxy.sends:
+            first_sends.setdefault(snd.key, []).append(snd.at)
+        accepted_at: dict[str, float] = {}
+        for op in self.history:
+            if op.kind == "effect" and op.status == 202:
+                accepted_at.setdefault(f"{op.job}:{op.step}", op.completed)
+        latencies = sorted(
+            min(later) - at
+            for key, at in accepted_at.items()
+            if (later := [t for t in first_sends.get(key, []) if t >= at])
+        ) or [0.0]
+        p50, p90 = statistics.median(latencies), latencies[int(0.9 * (len(latencies) - 1))]
+        never = sum(
+            not any(t >= at for t in first_sends.get(k, [])) for k, at in accepted_at.items()
+        )
 
         def fmt(counts: dict[str, int]) -> str:
             return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
@@ -1082,6 +1100,8 @@ class Chaos:
              f"{f.mixed_jobs} / {f.relay_scenarios} / {len(wire_ops)} / {f.wire_phase_s:.0f} s"),
             ("async calls sent / accepted (202) / async steps",
              f"{async_calls} / {accepted} / {len(self.async_steps)}"),
+            ("relay: 202 to the first send, p50 / p90 / max; accepted steps never sent",
+             f"{p50:.2f} s / {p90:.2f} s / {latencies[-1]:.2f} s; {never}"),
             ("wire faults hit, gateway-Redis", fmt(self.proxy.hit_counts())),
             ("wire faults hit, gateway-Redis, by script", fmt(redis_scripts)),
             ("wire faults hit, gateway-downstream", fmt(self.dproxy.hit_counts())),

@@ -27,7 +27,7 @@ def test_short_chaos_run_holds_every_invariant() -> None:
     assert _figure(report, "wire faults hit, gateway-downstream") != "none"
     _, accepted, _ = _figure(report, "async calls sent / accepted (202) / async steps").split(" / ")
     assert int(accepted) > 0
-    _, in_retries = _figure(report, "takeovers / of them during relay retries").split(" / ")
-    assert int(in_retries) > 0
+    # takeovers during relay retries are reported, not asserted: how many there are depends
+    # on how soon the relay makes its first attempt (see the relay latency row)
     assert _figure(report, "superseded sends (must be 0)") == "0"
     assert _figure(report, "unknown steps left (reported)").startswith("0")

@@ -153,6 +153,8 @@ class WireProxy:
             await asyncio.gather(
                 self._requests(conn, reader), self._replies(conn, up_r), return_exceptions=True
             )
+        except asyncio.CancelledError:
+            conn.abort()  # the run is over (asyncio.run cancels what is left): not an error
         finally:
             self._conns.discard(conn)
 
