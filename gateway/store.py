@@ -358,7 +358,9 @@ class Store:
         xadd = ("XADD", audit_feed(keys.tenant), "MINID", "~", min_id, "*")
         try:  # pipelined with this tick's scripts
             await self._guard(
-                lambda: self._batcher.execute(*xadd, *(x for kv in entry.items() for x in kv))
+                lambda: self._batcher.execute(
+                    *xadd, *(x for kv in entry.items() for x in kv), resend=False
+                )
             )
         except StoreUnavailable:
             log.warning("audit_feed_copy_failed", job_id=keys.job_id, audit_id=audit_id)
