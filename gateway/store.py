@@ -344,19 +344,18 @@ class Store:
                 self.slot_seen[slot] = mark
 
     async def persist_marks(self) -> bool:
-        """Write the slot marks to the state file if they rose since the last write (merged
-        with the other processes' under the file's lock; theirs come back into
-        :attr:`slot_seen`). The file I/O runs in a thread. Returns whether it wrote."""
+        """Write the slot marks that rose since the last write to the state file (merged with
+        the other processes' under the file's lock; the file I/O runs in a thread). Returns
+        whether it wrote. The marks of other processes are read by :meth:`heartbeat_epoch`."""
         if self._state_file is None:
             return False
         snapshot = dict(self.slot_seen)
         if snapshot == self._persisted:
             return False
-        merged = await asyncio.to_thread(statefile.update, self._state_file, slots=snapshot)
-        for slot, mark in merged.slots.items():
-            if mark > self.slot_seen.get(slot, 0):
-                self.slot_seen[slot] = mark
-        self._persisted = merged.slots
+        done = self._persisted
+        rose = {slot: mark for slot, mark in snapshot.items() if done.get(slot) != mark}
+        await asyncio.to_thread(statefile.update, self._state_file, slots=rose)
+        self._persisted = snapshot
         return True
 
     async def heartbeat_epoch(self) -> bool:

@@ -223,10 +223,10 @@ def test_state_file_is_safe_with_several_processes(tmp_path: Path) -> None:
     assert state.slots == {w * 1000 + s: 60 for w in range(4) for s in range(50)}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fencegate.state", "fencegate.state.lock"]
     # a lower mark never lowers the file; init's reset is the only way down
-    assert statefile.update(path, slots={0: 1}, epoch=1).slots[0] == 60
-    assert statefile.update(path, epoch=3, initialised=True, reset=True) == statefile.State(
-        initialised=True, epoch=3
-    )
+    statefile.update(path, slots={0: 1}, epoch=1)
+    assert statefile.read(path).slots[0] == 60 and statefile.read(path).epoch == 60
+    statefile.update(path, epoch=3, initialised=True, reset=True)
+    assert statefile.read(path) == statefile.State(initialised=True, epoch=3)
 
 
 def test_restored_backup_refused_after_serve_workers_were_killed(tmp_path: Path) -> None:
