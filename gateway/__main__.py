@@ -36,6 +36,7 @@ from gateway.errors import FencegateError
 from gateway.logging import configure_logging
 from gateway.records import AuditCheck
 from gateway.settings import NAME_RE, ConfigError, Settings, load_settings, read_secret
+from gateway.tenancy import resolve_tenancy
 
 if TYPE_CHECKING:
     from gateway.store import Store
@@ -358,6 +359,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.file)
     validate_configs(settings.adapters)
+    resolve_tenancy(settings)  # adapters' tenants and keys: refused here as at start
     print(
         f"{args.file}: ok ({len(settings.adapters)} adapters, {len(settings.auth.keys)} keys, "
         f"registration={settings.fencing.registration})"

@@ -33,6 +33,7 @@ from gateway.problems import from_http_exception, problem_response
 from gateway.service import EffectService
 from gateway.settings import ConfigError, Settings, read_secret
 from gateway.store import Store, connect
+from gateway.tenancy import resolve_tenancy
 from gateway.tokens import TokenSigner
 
 __all__ = ["create_app"]
@@ -101,6 +102,7 @@ def create_app(
 ) -> web.Application:
     """Build the gateway. Adapter configs are validated here, before anything starts."""
     validate_configs(settings.adapters, secret)
+    tenancy = resolve_tenancy(settings)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         middlewares=[_request_middleware],
@@ -189,19 +191,18 @@ def create_app(
             connector=aiohttp.TCPConnector(limit=settings.redis.max_connections * 4),
             auto_decompress=True,
         )
-        adapters = build_adapters(settings.adapters, AdapterContext(http=http, secret=secret))
+        adapters = build_adapters(
+            tenancy.sections(settings.adapters), AdapterContext(http=http, secret=secret)
+        )
         app[K.ADAPTERS] = adapters
         app[K.SERVICE] = EffectService(
             app[K.STORE],
             adapters,
             app[K.METRICS],
             dispatch_timeout_seconds=settings.fencing.dispatch_timeout_seconds,
-            tenant_keyed=frozenset(
-                n for n, s in settings.adapters.items() if s.get("tenant_in_key")
-            ),
+            tenant_keyed=tenancy.keyed,
+            adapter_tenants=tenancy.allowed,
             crash_hook=crash_hook,
-            # how long an admit whose reply was lost is sent again to learn its verdict
-            admit_grace_seconds=max(1.0, 2 * settings.redis.timeout_seconds),
         )
         relay = asyncio.create_task(
             app[K.SERVICE].relay_forever(

@@ -377,11 +377,11 @@ async def test_hole10_the_relay_interleaves_tenants(gw: Gateway) -> None:
     """Due steps are taken per tenant and interleaved: a tenant with a backlog does not
     push another tenant's step to the back."""
     store = gw.app[K.STORE]
-    now = int(time.time() * 1000)
+    later = int(time.time() * 1000) + 3_600_000  # not due yet for the gateway's own relay
     for i in range(50):
-        await store.relay_hint(JobKeys("a", f"j{i}"), "s", now - 1000 + i)
-    await store.relay_hint(JobKeys("b", "j"), "s", now)
-    due = await store.relay_due(now + 1, per_tenant=16)
+        await store.relay_hint(JobKeys("a", f"j{i}"), "s", later - 1000 + i)
+    await store.relay_hint(JobKeys("b", "j"), "s", later)
+    due = await store.relay_due(later + 1, per_tenant=16)
     tenants = [k.tenant for k, _, _ in due]
     assert tenants[:2] == ["a", "b"] and tenants.count("a") == 16
 
