@@ -23,6 +23,7 @@ from aiohttp import web
 from adapters.base import AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import appkeys as K
+from gateway import audit_anchor as anchors_module
 from gateway.auth import Authenticator
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.handlers import HOT_HANDLERS, ROUTES
@@ -122,6 +123,8 @@ def create_app(
         except ValueError as exc:
             raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
 
+    audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
+
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(
             redis_url,
@@ -135,6 +138,10 @@ def create_app(
             retention_seconds=settings.fencing.retention_seconds,
             state_file=state_file,
             request_memory_seconds=settings.redis.request_memory_seconds,
+            audit_key=audit_keys[0] if audit_keys else "",
+        )
+        anchorer = anchors_module.Anchorer(
+            client, store.audit_touched, anchors_module.anchor_path(settings), audit_keys
         )
         try:
             await store.load_scripts()
@@ -173,12 +180,14 @@ def create_app(
                     log.error("state_file_write_failed", error=str(exc))
 
         tickers = [asyncio.create_task(epochs()), asyncio.create_task(marks())]
+        anchorer.start(settings.audit.anchor_interval_seconds)
         yield
         for ticker in tickers:
             ticker.cancel()
         for ticker in tickers:
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
+        await anchorer.stop()  # the heads of the last interval, after the drain
         await store.aclose()
         try:
             await store.persist_marks()  # the marks of the last writes, after the last reply

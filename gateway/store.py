@@ -37,6 +37,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import durability, statefile
+from gateway.audit_anchor import note_audit
 from gateway.batching import Batcher, NotSent
 from gateway.errors import (
     BadToken,
@@ -209,6 +210,9 @@ class Store:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
         self._audit_key = audit_key
+        # Jobs whose audit chain got an entry in a reply seen here, with the newest such
+        # entry's id: the anchorer's to-do (gateway.audit_anchor).
+        self.audit_touched: dict[JobKeys, str] = {}
         # The highest value of each slot's marker seen in a reply (slot -> counter). A reply
         # below it means the slot went back in time: the script refuses ({8, 'behind'}).
         self.slot_seen: dict[int, int] = {}
@@ -393,6 +397,7 @@ class Store:
         Best effort: the entry is already in the job's stream, written atomically
         with the decision, so a failed copy must not turn a true 409 into a 503.
         """
+        note_audit(self.audit_touched, keys, audit_id)
         entry = {
             "at": audit_id.split("-")[0],
             "tenant": keys.tenant,
@@ -658,6 +663,7 @@ class Store:
 
     async def _copy_to_feed(self, keys: JobKeys, audit_id: str) -> None:
         """Copy an entry a script wrote as a side note (not a rejection it answers) to the feed."""
+        note_audit(self.audit_touched, keys, audit_id)
 
         async def read() -> list[tuple[str, dict[str, str]]]:
             rows = await self._client.xrange(keys.audit, audit_id, audit_id)
@@ -813,9 +819,10 @@ class Store:
             effects=effects,
         )
 
-    async def verify_audit(self) -> AuditCheck:
-        """Recompute every job's audit hash chain (``fencegate audit verify``)."""
-        return await self._guard(lambda: durability.verify_audit(self._client))
+    async def verify_audit(self, **options: Any) -> AuditCheck:
+        """Recompute every job's audit hash chain and check anchors (``fencegate audit verify``;
+        ``options``: those of :func:`gateway.durability.verify_audit`)."""
+        return await self._guard(lambda: durability.verify_audit(self._client, **options))
 
     async def audit(
         self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None
