@@ -1,0 +1,637 @@
+"""Exhaustive exploration of the protocol: every interleaving of the real scripts, small bounds.
+
+    python -m tests.model.explore                      # the default bound (as in make test)
+    python -m tests.model.explore --bound large        # the larger one (make chaos)
+    python -m tests.model.explore --bound holes        # the scenarios of holes 1-3
+    python -m tests.model.explore --scenario takeover  # one scenario of any bound
+
+A state is (Redis, canonical: clock readings dropped, dispatch ids named by the
+actor that holds them; every actor's program counter and memory; the
+downstream's log; the verdicts callers saw; the budgets left). Breadth-first
+from the initial state, each distinct state once (memoized by a hash), so the
+first violation of each invariant comes with a shortest trace. Between
+branches Redis is put back from a DUMP/RESTORE snapshot of every key a run
+writes (``--restore replay`` replays the path from the initial state instead,
+for comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gateway.embedded import EmbeddedRedis
+from tests.model import invariants as inv
+from tests.model.driver import (
+    ADMIT_GRACE_MS,
+    DISPATCH_MS,
+    KEYS,
+    Driver,
+    Effects,
+    RelayLocal,
+    Send,
+    WorkerLocal,
+    WorkerSpec,
+    deadline_class,
+    payload_json,
+    writes_audit,
+)
+
+NOW0 = 1_000_000_000  # the logical clock's start (ms)
+ADVANCE_MS = DISPATCH_MS + 1_000  # past every dispatch deadline, admit grace and retry delay
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workers: tuple[WorkerSpec, ...]
+    gens: int = 2  # generation 1 is registered at the start; the scheduler registers 2..gens
+    steps: tuple[str, ...] = ("s1",)
+    relays: int = 1
+    resolves: int = 0  # operator resolutions (of an unknown / overdue step), truthful
+    cancel: bool = False
+    outcomes: tuple[str, ...] = ("ok", "refused", "timeout")
+    faults: int = 0  # budget of wire faults (on script calls)
+    fault_kinds: tuple[str, ...] = ("lost", "timeout")
+    crashes: int = 0  # budget of gateway crashes (a worker's request dies; a relay restarts)
+    advances: int = 2  # budget of "time passes beyond every deadline"
+    narrow: bool = False  # also: Redis deadlines pass but the relay's own (later) one not yet
+    dedupes: bool = False  # the downstream deduplicates by key (the adapter can resolve)
+    hole: str = ""  # what this scenario is about (README)
+
+
+def w(name: str, gen: int, mode: str, amount: int, step: str = "s1", retries: int = 0) -> WorkerSpec:
+    return WorkerSpec(name, gen, step, mode, (("amount", amount),), retries)
+
+
+@dataclass(frozen=True)
+class World:
+    """The model's side of a state (Redis is the other)."""
+
+    locals: tuple[Any, ...]  # per actor, in Actors order
+    sends: tuple[Send, ...] = ()
+    acks: frozenset[tuple[Any, ...]] = frozenset()
+    audit_expected: int = 0
+    faults: int = 0
+    crashes: int = 0
+    advances: int = 0
+    now: int = NOW0
+
+
+@dataclass(frozen=True)
+class Move:
+    actor: int
+    kind: str
+    arg: Any = None
+    fault: str = "ok"
+
+    @property
+    def mid(self) -> tuple[Any, ...]:
+        return (self.actor, self.kind, self.arg, self.fault)
+
+
+@dataclass
+class Violation:
+    invariant: str
+    signature: str  # the kind of breakage: the shortest trace of each kind is kept
+    message: str
+    trace: list[str]
+
+
+@dataclass
+class Report:
+    scenario: str
+    states: int = 0
+    transitions: int = 0
+    checks: int = 0
+    quiescent: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    violations: dict[tuple[str, str], Violation] = field(default_factory=dict)
+    truncated: bool = False
+
+    def summary(self) -> str:
+        v = ", ".join(sorted({i for i, _ in self.violations})) or "none"
+        cut = " (TRUNCATED)" if self.truncated else ""
+        return (
+            f"{self.scenario}: {self.states} states, {self.transitions} transitions, "
+            f"{self.checks} invariant checks, {self.quiescent} quiescent, depth {self.depth}, "
+            f"{self.seconds:.1f} s{cut}; violations: {v}"
+        )
+
+
+class Explorer:
+    def __init__(self, scn: Scenario, driver: Driver) -> None:
+        self.scn = scn
+        self.d = driver
+        # actors: workers, relays, scheduler, canceller, operator
+        self.names: list[str] = [x.name for x in scn.workers]
+        self.names += [f"relay{i + 1}" if scn.relays > 1 else "relay" for i in range(scn.relays)]
+        self.names += ["scheduler", "canceller", "operator"]
+        self.n_workers = len(scn.workers)
+        self.sched = self.n_workers + scn.relays
+        self.payloads: dict[tuple[int, str], frozenset[str]] = {}
+        for x in scn.workers:
+            k = (x.gen, x.step)
+            self.payloads[k] = self.payloads.get(k, frozenset()) | {payload_json(x.body)}
+
+    def initial(self) -> World:
+        locals_: list[Any] = [WorkerLocal() for _ in self.scn.workers]
+        locals_ += [RelayLocal() for _ in range(self.scn.relays)]
+        locals_ += [2, not self.scn.cancel, self.scn.resolves]
+        return World(
+            tuple(locals_),
+            acks=frozenset({("fence", 1)}),
+            faults=self.scn.faults,
+            crashes=self.scn.crashes,
+            advances=self.scn.advances,
+        )
+
+    # -- state key --------------------------------------------------------------------
+
+    def holders(self, world: World) -> dict[str, str]:
+        out = {}
+        for i, loc in enumerate(world.locals):
+            did = getattr(loc, "did", "")
+            if did:
+                out[did] = self.names[i]
+        return out
+
+    def key(self, world: World, raw: dict[str, Any]) -> bytes:
+        ids = self.holders(world)
+        redis_part = _rename_ids(self.d.canonical(raw, world.now), ids)
+        locals_ = []
+        for loc in world.locals:
+            if isinstance(loc, WorkerLocal):
+                loc = replace(loc, did="mine" if loc.did else "")
+            elif isinstance(loc, RelayLocal):
+                batch = tuple((s, q - world.now) for s, q in loc.batch)
+                due = loc.due - world.now if loc.due > 0 else loc.due
+                loc = replace(loc, did="mine" if loc.did else "", batch=batch, due=due)
+            locals_.append(loc)
+        k = (
+            redis_part,
+            tuple(locals_),
+            tuple(sorted(s.key for s in world.sends)),
+            tuple(sorted(world.acks)),
+            world.audit_expected,
+            world.faults,
+            world.crashes,
+            world.advances,
+        )
+        return hashlib.blake2b(repr(k).encode(), digest_size=16).digest()
+
+    # -- moves --------------------------------------------------------------------------
+
+    def moves(self, world: World, raw: dict[str, Any]) -> list[Move]:
+        scn = self.scn
+        out: list[Move] = []
+        script: list[Move] = []  # moves that run one script: faults may hit them
+        for i, loc in enumerate(world.locals):
+            if i < self.n_workers:
+                spec = scn.workers[i]
+                if loc.pc == "start":
+                    if ("fence", spec.gen) not in world.acks:
+                        continue  # the worker has its token from an acknowledged register
+                    if spec.mode == "async":
+                        out.append(Move(i, "enqueue"))
+                    else:
+                        script.append(Move(i, "admit"))
+                elif loc.pc == "enqueued":
+                    script.append(Move(i, "admit"))
+                elif loc.pc == "admitted":
+                    out += [Move(i, "send", o) for o in self._outcomes(loc.late)]
+                elif loc.pc == "sent":
+                    script.append(Move(i, "record"))
+                if loc.pc in ("enqueued", "admitted", "sent") and world.crashes:
+                    out.append(Move(i, "crash"))
+            elif i < self.sched:
+                if loc.pc == "idle":
+                    if any(s <= world.now for _, s in raw["relay"]):
+                        out.append(Move(i, "poll"))
+                elif loc.pc == "batch":
+                    script.append(Move(i, "claim"))
+                elif loc.pc == "claimed":
+                    out += [Move(i, "send", o) for o in self._outcomes(loc.late)]
+                elif loc.pc == "sent":
+                    script.append(Move(i, "record"))
+                elif loc.pc in ("drop", "reenq"):
+                    out.append(Move(i, loc.pc))
+                if loc.pc != "idle" and world.crashes:
+                    out.append(Move(i, "crash"))
+            elif i == self.sched:
+                if loc <= scn.gens:
+                    script.append(Move(i, "register", loc))
+            elif i == self.sched + 1:
+                if not loc:
+                    script.append(Move(i, "cancel"))
+            elif loc > 0:
+                for step, h in raw["fx"].items():
+                    overdue = h.get("state") == "dispatching" and deadline_class(
+                        h.get("deadline", "0")
+                    ) in ("past", "0")
+                    if h.get("state") == "unknown" or overdue:
+                        script.append(Move(i, "resolve", step))
+        out += script
+        if world.faults:
+            out += [replace(m, fault=f) for m in script for f in scn.fault_kinds]
+        if world.advances and self._time_matters(world, raw):
+            out.append(Move(-1, "advance"))
+            if scn.narrow and any(
+                isinstance(x, RelayLocal) and x.pc == "claimed" and not x.late for x in world.locals
+            ):
+                out.append(Move(-1, "advance", "narrow"))
+        return out
+
+    def _outcomes(self, late: bool) -> Sequence[str]:
+        return ("late",) if late else self.scn.outcomes
+
+    def _time_matters(self, world: World, raw: dict[str, Any]) -> bool:
+        if any(deadline_class(h.get("deadline", "0")) == "live" for h in raw["fx"].values()):
+            return True
+        if any(s > world.now - ADMIT_GRACE_MS for _, s in raw["relay"]):
+            return True  # a future entry, or a young one
+        return any(getattr(x, "pc", "") in ("admitted", "claimed") and not x.late
+                   for x in world.locals)  # fmt: skip
+
+    # -- one transition -----------------------------------------------------------------
+
+    async def apply(self, world: World, m: Move) -> tuple[World, Effects]:
+        d = self.d
+        d.wire.replies.clear()
+        d.wire.resends.clear()
+        d.wire.mode = m.fault
+        locals_ = list(world.locals)
+        now = world.now
+        if m.kind == "advance":
+            d.expire_deadlines()
+            for i, loc in enumerate(locals_):
+                if isinstance(loc, WorkerLocal) and loc.pc == "admitted":
+                    locals_[i] = replace(loc, late=True)
+                elif isinstance(loc, RelayLocal) and loc.pc == "claimed" and m.arg != "narrow":
+                    locals_[i] = replace(loc, late=True)
+            text = "time passes every deadline" + (
+                " (not yet the relay's own)" if m.arg == "narrow" else ""
+            )
+            world = replace(world, locals=tuple(locals_), now=now + ADVANCE_MS,
+                            advances=world.advances - 1)  # fmt: skip
+            return world, Effects(text)
+        loc = locals_[m.actor]
+        fx: Effects
+        if m.kind == "crash":
+            locals_[m.actor] = RelayLocal() if isinstance(loc, RelayLocal) else replace(
+                loc, pc="crashed", did=""
+            )
+            fx = Effects("gateway crashes" + (" (relay restarts)" if isinstance(loc, RelayLocal) else ""))
+            world = replace(world, crashes=world.crashes - 1)
+        elif m.actor < self.n_workers:
+            spec = self.scn.workers[m.actor]
+            if m.kind == "enqueue":
+                fx = await d.worker_enqueue(spec, now)
+                loc = replace(loc, pc="enqueued")
+            elif m.kind == "admit":
+                loc, fx = await d.worker_admit(spec, loc)
+            elif m.kind == "send":
+                fx = d.send(spec.name, spec.step, spec.gen, payload_json(spec.body), loc.auth, m.arg)
+                loc = replace(loc, pc="sent", outcome=m.arg)
+            else:
+                loc, fx = await d.worker_record(spec, loc)
+            locals_[m.actor] = loc
+        elif m.actor < self.sched:
+            if m.kind == "poll":
+                loc, fx = await d.relay_poll(loc, now)
+            elif m.kind == "claim":
+                loc, fx = await d.relay_claim(loc, now)
+            elif m.kind == "send":
+                fx = d.send(self.names[m.actor], loc.step, loc.gen, loc.payload, loc.auth, m.arg)
+                loc = replace(loc, pc="sent", outcome=m.arg)
+            elif m.kind == "record":
+                loc, fx = await d.relay_record(loc)
+            elif m.kind == "drop":
+                loc, fx = await d.relay_drop(loc)
+            else:
+                loc, fx = await d.relay_reenqueue(loc, now)
+            locals_[m.actor] = loc
+        elif m.kind == "register":
+            nxt, fx = await d.register(m.arg)
+            locals_[m.actor] = loc + 1 if nxt == "next" else loc
+        elif m.kind == "cancel":
+            nxt, fx = await d.cancel()
+            locals_[m.actor] = nxt == "next"
+        else:
+            delivered = any(s.step == m.arg and s.delivered for s in world.sends)
+            fx = await d.resolve(m.arg, delivered)
+            locals_[m.actor] = loc - 1
+        audited = any(writes_audit(s, r) for s, r in d.wire.replies)
+        world = replace(
+            world,
+            locals=tuple(locals_),
+            sends=world.sends + tuple(fx.sends),
+            acks=world.acks | frozenset(fx.acks),
+            audit_expected=world.audit_expected + audited,
+            faults=world.faults - (m.fault != "ok"),
+        )
+        return world, fx
+
+    def label(self, m: Move, fx: Effects) -> str:
+        who = "clock" if m.actor < 0 else self.names[m.actor]
+        fault = {"ok": "", "lost": " [reply lost, re-sent]", "timeout": " [timed out]"}[m.fault]
+        return f"{who}: {fx.text}{fault}"
+
+    # -- the search ---------------------------------------------------------------------
+
+    async def run(
+        self, *, restore: str = "snapshot", max_states: int | None = None, keep_going: bool = False
+    ) -> Report:
+        rep = Report(self.scn.name)
+        t0 = time.perf_counter()
+        d = self.d
+        await d.setup()
+        world0 = self.initial()
+        raw0 = d.raw_state()
+        k0 = self.key(world0, raw0)
+        seen = {k0}
+        parent: dict[bytes, tuple[bytes | None, str]] = {k0: (None, "")}
+        # node: (key, redis snapshot, world, raw, path of move ids)
+        frontier: list[tuple[bytes, dict[str, bytes], World, dict[str, Any], tuple[Any, ...]]]
+        frontier = [(k0, d.dump(), world0, raw0, ())]
+        init_dump = frontier[0][1]
+        depth = 0
+        while frontier:
+            nxt: list[Any] = []
+            for key, dumps, world, raw, path in frontier:
+                moves = self.moves(world, raw)
+                if not any(m.actor >= 0 for m in moves):
+                    rep.quiescent += 1
+                for m in moves:
+                    if restore == "snapshot":
+                        d.restore(dumps)
+                    else:
+                        d.restore(init_dump)
+                        w_ = world0
+                        for mid in path:
+                            w_, _ = await self.apply(w_, Move(*mid))
+                    w2, fx = await self.apply(world, m)
+                    rep.transitions += 1
+                    raw2 = d.raw_state()
+                    ctx = inv.Ctx(d, fx.sends, w2.sends, w2.acks, w2.audit_expected, raw2,
+                                  list(d.wire.resends), self.payloads, self.scn.dedupes)  # fmt: skip
+                    checks = dict(inv.ON_STEP)
+                    moves2 = self.moves(w2, raw2)
+                    if not any(x.actor >= 0 for x in moves2):
+                        checks.update(inv.AT_QUIESCENCE)
+                    broken = False
+                    for name, check in checks.items():
+                        rep.checks += 1
+                        found = check(ctx)
+                        if found is None:
+                            continue
+                        broken = True
+                        msg, sig = (found, "") if isinstance(found, str) else found
+                        if (name, sig) not in rep.violations:
+                            trace = self.trace(parent, key) + [self.label(m, fx)]
+                            rep.violations[name, sig] = Violation(name, sig, msg, trace)
+                    k2 = self.key(w2, raw2)
+                    if k2 in seen:
+                        continue
+                    seen.add(k2)
+                    parent[k2] = (key, self.label(m, fx))
+                    if broken and not keep_going:
+                        continue
+                    snap = d.dump() if restore == "snapshot" else {}
+                    nxt.append((k2, snap, w2, raw2, path + (m.mid,)))
+                if max_states and len(seen) >= max_states:
+                    rep.truncated = True
+                    nxt = []
+                    break
+            frontier = nxt
+            if frontier:
+                depth += 1
+        rep.states = len(seen)
+        rep.depth = depth
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+    def trace(self, parent: dict[bytes, tuple[bytes | None, str]], key: bytes) -> list[str]:
+        out = []
+        k: bytes | None = key
+        while k is not None:
+            k, label = parent[k]
+            if label:
+                out.append(label)
+        return out[::-1]
+
+
+def _rename_ids(x: Any, ids: dict[str, str]) -> Any:
+    if isinstance(x, str):
+        if x.startswith("d-"):
+            return "held:" + ids[x] if x in ids else "orphan"
+        return x
+    if isinstance(x, tuple):
+        return tuple(_rename_ids(y, ids) for y in x)
+    return x
+
+
+# -- bounds ----------------------------------------------------------------------------
+
+A1 = w("A", 1, "async", 10000)  # worker A, generation 1: an async refund of 10,000
+B2 = w("B", 2, "sync", 2500)  # worker B took over as generation 2: a refund of 2,500
+
+HOLES = (
+    Scenario(
+        "hole1-2-takeover",
+        (A1, B2),
+        outcomes=("ok", "refused"),
+        advances=2,
+        hole="1 (superseded payload under the new intent) and 2 (relay dispatch below the fence)",
+    ),
+    Scenario(
+        "hole3-resolved",
+        (A1, w("A'", 1, "async", 10000)),
+        resolves=1,
+        outcomes=("ok", "lost"),
+        advances=0,
+        hole="3 (a rejected stale async call re-arms the relay after a not_delivered resolution)",
+    ),
+)
+
+DEFAULT = (
+    *HOLES,
+    Scenario(
+        "takeover-crash",
+        (A1, B2),
+        outcomes=("ok", "refused", "timeout"),
+        crashes=1,
+        resolves=1,
+        advances=2,
+    ),
+    Scenario(
+        "wire-faults",
+        (w("A", 1, "sync", 10000), w("Z", 1, "async", 10000), B2),
+        outcomes=("ok", "refused"),
+        faults=1,
+        advances=1,
+    ),
+    Scenario(
+        "two-steps",
+        (A1, w("B", 2, "async", 2500), w("C", 2, "sync", 700, step="s2")),
+        steps=("s1", "s2"),
+        outcomes=("ok", "refused"),
+        advances=1,
+    ),
+    Scenario(
+        "cancel-3-gens",
+        (A1, w("B", 2, "sync", 2500), w("C", 3, "async", 500)),
+        gens=3,
+        cancel=True,
+        outcomes=("ok", "refused"),
+        advances=1,
+    ),
+)
+
+LARGE = (
+    *DEFAULT,
+    Scenario(
+        "large-takeover",
+        (A1, w("B", 2, "sync", 2500, retries=1), w("C", 3, "async", 500)),
+        gens=3,
+        outcomes=("ok", "refused", "timeout", "lost"),
+        crashes=1,
+        resolves=1,
+        advances=2,
+        narrow=True,
+    ),
+    Scenario(
+        "large-wire",
+        (w("A", 1, "async", 10000), w("Z", 1, "sync", 10000), B2),
+        outcomes=("ok", "refused", "timeout"),
+        faults=2,
+        resolves=1,
+        advances=2,
+    ),
+    Scenario(
+        "large-relays",
+        (A1, B2),
+        relays=2,
+        outcomes=("ok", "refused", "timeout"),
+        crashes=1,
+        resolves=1,
+        advances=2,
+        narrow=True,
+    ),
+    Scenario(
+        "large-dedupes",
+        (A1, w("B", 2, "sync", 10000)),
+        outcomes=("ok", "refused", "timeout"),
+        crashes=1,
+        faults=1,
+        dedupes=True,
+        advances=2,
+    ),
+)
+
+BOUNDS: dict[str, tuple[Scenario, ...]] = {"default": DEFAULT, "large": LARGE, "holes": HOLES}
+
+
+# -- running --------------------------------------------------------------------------
+
+
+class RedisForModel:
+    """A real redis-server (gateway.embedded) on a free loopback port, for one exploration."""
+
+    def __enter__(self) -> str:
+        self._tmp = tempfile.TemporaryDirectory(prefix="fencegate-model-")
+        self.server = EmbeddedRedis(self._tmp.name, use_socket=False)
+        url = self.server.start()
+        import redis
+
+        r = redis.Redis.from_url(url)
+        # Durability is not what is explored here: no fsync per write (the scripts are the same).
+        r.config_set("appendonly", "no")
+        r.close()
+        return url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+        self._tmp.cleanup()
+
+
+async def explore_async(
+    url: str,
+    scenarios: Sequence[Scenario],
+    *,
+    restore: str = "snapshot",
+    max_states: int | None = None,
+    keep_going: bool = False,
+    mutate: tuple[str, str, str] | None = None,
+    out: Any = None,
+) -> list[Report]:
+    reports = []
+    for scn in scenarios:
+        d = Driver(url, dedupes=scn.dedupes, steps=scn.steps)
+        try:
+            if mutate:
+                d.mutate(*mutate)
+            await d.store.load_scripts()
+            rep = await Explorer(scn, d).run(
+                restore=restore, max_states=max_states, keep_going=keep_going
+            )
+        finally:
+            await d.aclose()
+        reports.append(rep)
+        if out is not None:
+            print(rep.summary(), file=out, flush=True)
+    return reports
+
+
+def explore(scenarios: Sequence[Scenario], **kw: Any) -> list[Report]:
+    with RedisForModel() as url:
+        return asyncio.run(explore_async(url, scenarios, **kw))
+
+
+def render(reports: Sequence[Report]) -> str:
+    lines = []
+    for rep in reports:
+        lines.append(rep.summary())
+        for v in sorted(rep.violations.values(), key=lambda v: (v.invariant, len(v.trace))):
+            lines.append(f"  {v.invariant} [{v.signature}]: {v.message}")
+            lines += [f"    {i + 1:2}. {t}" for i, t in enumerate(v.trace)]
+    tot = [sum(getattr(r, f) for r in reports) for f in ("states", "transitions", "checks")]
+    secs = sum(r.seconds for r in reports)
+    n = len({i for r in reports for i, _ in r.violations})
+    lines.append(
+        f"total: {tot[0]} states, {tot[1]} transitions, {tot[2]} invariant checks, "
+        f"{secs:.1f} s; {n} invariant(s) violated"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.model.explore", description=__doc__.split("\n")[0])
+    p.add_argument("--bound", choices=sorted(BOUNDS), default="default")
+    p.add_argument("--scenario", action="append", help="only these scenarios (of any bound)")
+    p.add_argument("--restore", choices=("snapshot", "replay"), default="snapshot")
+    p.add_argument("--max-states", type=int, default=None)
+    p.add_argument("--keep-going", action="store_true", help="expand states past a violation")
+    args = p.parse_args(argv)
+    scns = BOUNDS[args.bound]
+    if args.scenario:
+        every = {s.name: s for b in BOUNDS.values() for s in b}
+        scns = tuple(every[n] for n in args.scenario)
+    reports = explore(
+        scns, restore=args.restore, max_states=args.max_states, keep_going=args.keep_going,
+        out=sys.stderr,
+    )  # fmt: skip
+    print(render(reports))
+    return 1 if any(r.violations for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
