@@ -247,11 +247,25 @@ def writes_audit(script: str, reply: list[Any]) -> bool:
     return script == "resolve-4" and code == 0  # operator_resolved_<outcome>
 
 
-def reply_for_compare(script: str, reply: list[Any]) -> list[Any]:
-    """A reply with the fields that depend on when it ran (not on what it decided) blanked."""
-    if script == "admit-5" and int(reply[0]) == 2:
-        return [reply[0]]  # {2, retry_after_ms}: deadline - now
-    return reply
+def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
+    """What a caller concludes from a script's reply (Store's conversion, in short): a
+    re-sent call must conclude the same (I-resend). Clock readings and audit ids are left
+    out (a second audit entry is I-audit's business)."""
+    code = int(reply[0])
+    if code == 9:  # rejected: reason, presented, current
+        return (9, *reply[1:4])
+    if script == "admit-5":
+        if code == 0:  # Admitted(dispatch_id, fence, deadline, resolving)
+            return (0, *reply[1:])
+        if code in (4, 5):  # Queued: 202 either way ({4} new, {5} accepted again)
+            return ("queued",)
+        if code == 2:  # InProgress(retry_after_ms = deadline - now)
+            return (2,)
+        rec = dict(zip(reply[1::2], reply[2::2], strict=True))  # Replay / Unknown
+        return (code, rec.get("state"), rec.get("generation"), rec.get("intent_sha256"))
+    if script in ("register-3", "cancel-2"):  # 201 / 200 "already": the documented retry
+        return ("ok", *reply[1:])
+    return tuple(reply)
 
 
 # -- the driver -------------------------------------------------------------------------
@@ -262,6 +276,14 @@ class Driver:
 
     def __init__(self, url: str, *, dedupes: bool, steps: Sequence[str]) -> None:
         self.r = redis.Redis.from_url(url, decode_responses=True)
+        # DUMP payloads are bytes: decoded with surrogateescape they survive the round trip
+        # as str (and hiredis does the decoding)
+        self.rb = redis.Redis.from_url(
+            url, decode_responses=True, encoding_errors="surrogateescape"
+        )
+        self._read_sha = self.rb.script_load(_READ_LUA)
+        self._restore_sha = self.rb.script_load(_RESTORE_LUA)
+        self.prior: dict[str, Any] = {}  # Redis before the step (set by the explorer)
         self.aclient = aioredis.Redis.from_url(url, decode_responses=True)
         self.store = Store(
             self.aclient,
@@ -311,26 +333,32 @@ class Driver:
         store_module._dispatch_id = self._saved_id
         await self.aclient.aclose()
         self.r.close()
+        self.rb.close()
 
     # -- state of Redis: snapshot, restore, canonical view -------------------------------
 
-    def dump(self) -> dict[str, bytes]:
-        raw = redis.Redis(connection_pool=self.r.connection_pool, decode_responses=False)
-        pipe = raw.pipeline(transaction=False)
-        for k in self.keys:
-            pipe.dump(k)
-        return {k: v for k, v in zip(self.keys, pipe.execute(), strict=True) if v is not None}
+    def read(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """Redis as data (as :meth:`raw_state`) and a DUMP of every key: one command."""
+        n = len(self.keys)
+        reply = self.rb.evalsha(self._read_sha, n, *self.keys)
+        dumps = {k: v for k, v in zip(self.keys, reply[:n], strict=True) if v is not None}
+        job, steps, audit, relay, feed, *fx = reply[n:]
+        raw = {
+            "job": _pairs(job),
+            "steps": set(steps),
+            "audit": [(i, _pairs(f)) for i, f in audit],
+            "relay": [(m, float(sc)) for m, sc in zip(relay[::2], relay[1::2], strict=True)],
+            "feed": [(i, _pairs(f)) for i, f in feed],
+            "fx": {st: _pairs(h) for st, h in zip(self.steps, fx, strict=True)},
+        }
+        return raw, dumps
 
-    def restore(self, dumps: dict[str, bytes]) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.delete(*self.keys)
-        for k, v in dumps.items():
-            pipe.restore(k, 0, v)
-        pipe.execute()
+    def restore(self, dumps: dict[str, str]) -> None:
+        """Put back a snapshot taken by :meth:`read`: one command."""
+        args = [dumps.get(k, "").encode("utf-8", "surrogateescape") for k in self.keys]
+        self.rb.evalsha(self._restore_sha, len(self.keys), *self.keys, *args)
 
-    def raw_state(self) -> dict[str, Any]:
-        """Every key the protocol writes, as data (timestamps still in)."""
-        pipe = self.r.pipeline(transaction=False)
+    def _queue_raw(self, pipe: Any) -> None:
         pipe.hgetall(KEYS.job)
         pipe.smembers(KEYS.steps)
         pipe.xrange(KEYS.audit)
@@ -338,7 +366,9 @@ class Driver:
         pipe.xrange(audit_feed(TENANT))
         for s in self.steps:
             pipe.hgetall(KEYS.effect(s))
-        job, steps, audit, relay, feed, *fx = pipe.execute()
+
+    def _raw(self, replies: list[Any]) -> dict[str, Any]:
+        job, steps, audit, relay, feed, *fx = replies
         return {
             "job": job,
             "steps": steps,
@@ -348,16 +378,27 @@ class Driver:
             "fx": dict(zip(self.steps, fx, strict=True)),
         }
 
+    def raw_state(self) -> dict[str, Any]:
+        """Every key the protocol writes, as data (timestamps still in)."""
+        pipe = self.r.pipeline(transaction=False)
+        self._queue_raw(pipe)
+        return self._raw(pipe.execute())
+
     # fields whose value is a clock reading or a hash over one: ignored in the state
     TIME_FIELDS = frozenset(
         {"updated_at", "created_at", "registered_at", "cancelled_at", "audit_head", "at", "prev"}
         | {"hash", "job_audit_id", "attempts"}
     )
 
-    def canonical(self, raw: dict[str, Any], now: int) -> tuple[Any, ...]:
+    ID_FIELDS = frozenset({"dispatch_id"})  # values: ids the actors hold
+
+    def canonical(
+        self, raw: dict[str, Any], now: int, ids: dict[str, str] | None = None
+    ) -> tuple[Any, ...]:
         """The Redis part of the explored state: clock readings dropped, deadlines as
-        live/past, queue scores relative to the logical now. (``attempts`` is dropped too:
-        no script reads it, and relay retries would otherwise count without bound.)"""
+        live/past, queue scores relative to the logical now, dispatch ids named by the actor
+        that holds them (``ids``; any other id is an orphan). (``attempts`` is dropped too: no
+        script reads it, and relay retries would otherwise count without bound.)"""
 
         def fields(h: dict[str, str]) -> tuple[tuple[str, str], ...]:
             out = []
@@ -366,6 +407,8 @@ class Driver:
                     continue
                 if k == "deadline":
                     v = deadline_class(v)
+                elif ids is not None and k in self.ID_FIELDS and v:
+                    v = "held:" + ids[v] if v in ids else "orphan"
                 out.append((k, v))
             return tuple(out)
 
@@ -387,14 +430,16 @@ class Driver:
 
     def before(self, step: str) -> tuple[str, bool]:
         """The step's state (and whether an operator resolved it) before a script runs."""
-        state, resolved = self.r.hmget(KEYS.effect(step), "state", "resolved_by")
-        return state or "-", bool(resolved)
+        h = self.prior["fx"][step]
+        return h.get("state") or "-", bool(h.get("resolved_by"))
 
     def authority(self, by: str, gen: int, step: str, before: tuple[str, bool]) -> Auth:
         """Fence, cancellation and pinned intent right after an authorising script ran."""
-        fence, cancelled = self.r.hmget(KEYS.job, "fence", "cancelled")
-        pinned = self.r.hget(KEYS.effect(step), "intent_sha256") or ""
-        return Auth(by, gen, int(fence or 0), cancelled == "1", pinned, *before)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(KEYS.job, "fence", "cancelled")
+        pipe.hget(KEYS.effect(step), "intent_sha256")
+        (fence, cancelled), pinned = pipe.execute()
+        return Auth(by, gen, int(fence or 0), cancelled == "1", pinned or "", *before)
 
     # -- worker: EffectService.perform -> _dispatch -> _send -> _record -> _respond ---------
 
@@ -491,7 +536,9 @@ class Driver:
             "released": "502 adapter_unavailable",
             "unknown": "504 outcome_unknown",
         }[state]
-        done, fx = self._finish(w, local, f"record {state}{lost}: {text}", retry=state == "released")
+        done, fx = self._finish(
+            w, local, f"record {state}{lost}: {text}", retry=state == "released"
+        )
         if state in ("succeeded", "failed"):  # _respond answers from the outcome, held or not
             fx.acks.append(("fx", w.step, state))
         return done, fx
@@ -533,9 +580,9 @@ class Driver:
         assert isinstance(c, RelayClaim)
         auth = self.authority("relay_claim", c.generation, step, before)
         pj = payload_json(c.payload)
-        return replace(local, pc="claimed", did=c.dispatch_id, gen=c.generation, payload=pj, auth=auth), Effects(
-            f"relay_claim {step}: claimed gen={c.generation} {pj}"
-        )
+        return replace(
+            local, pc="claimed", did=c.dispatch_id, gen=c.generation, payload=pj, auth=auth
+        ), Effects(f"relay_claim {step}: claimed gen={c.generation} {pj}")
 
     async def relay_record(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
         """_relay_one -> _spawn -> _dispatch -> _record; released -> queued again 1 s later."""
@@ -583,7 +630,11 @@ class Driver:
         outcome = "delivered" if delivered else "not_delivered"
         try:
             rec = await self.store.resolve(
-                KEYS, step, delivered=delivered, result={"n": 1} if delivered else None, operator="op"
+                KEYS,
+                step,
+                delivered=delivered,
+                result={"n": 1} if delivered else None,
+                operator="op",
             )
         except StoreUnavailable:
             return Effects(f"resolve {step} {outcome}: 503")
@@ -591,6 +642,33 @@ class Driver:
             return Effects(f"resolve {step} {outcome}: 409 {exc.code}")
         acks = [("fx", step, rec.state)] if rec.state == "succeeded" else []
         return Effects(f"resolve {step} {outcome}: {rec.state}", acks=acks)
+
+
+# Test-side helpers (not protocol): the state of every key in one reply, and back.
+# KEYS: job, steps, audit, relay, feed, fx... (Driver.keys order)
+_READ_LUA = """
+local out = {}
+for i, k in ipairs(KEYS) do out[i] = redis.call('DUMP', k) or false end
+local n = #KEYS
+out[n + 1] = redis.call('HGETALL', KEYS[1])
+out[n + 2] = redis.call('SMEMBERS', KEYS[2])
+out[n + 3] = redis.call('XRANGE', KEYS[3], '-', '+')
+out[n + 4] = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+out[n + 5] = redis.call('XRANGE', KEYS[5], '-', '+')
+for i = 6, n do out[n + i] = redis.call('HGETALL', KEYS[i]) end
+return out
+"""
+_RESTORE_LUA = """
+redis.call('DEL', unpack(KEYS))
+for i, k in ipairs(KEYS) do
+  if ARGV[i] ~= '' then redis.call('RESTORE', k, 0, ARGV[i]) end
+end
+return 1
+"""
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def deadline_class(v: str) -> str:

@@ -4,8 +4,9 @@ Each check is a named function of one transition: it returns ``None``, or a
 message saying what broke and a short signature of the kind of breakage (the
 explorer keeps the shortest trace of every distinct signature: e.g. a relay
 claim of a ``pending`` step and of an operator-resolved ``released`` step
-below the fence are two counterexamples, holes 2 and 3 of issue 12). ``ON_STEP`` run after every step, ``AT_QUIESCENCE``
-only in states where no actor can move any more (time aside).
+below the fence are two counterexamples, holes 2 and 3 of issue 12).
+``ON_STEP`` run after every step, ``AT_QUIESCENCE`` only in states where no
+actor can move any more (time aside).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tests.model.driver import Driver, Resend, Send, reply_for_compare
+from tests.model.driver import Driver, Resend, Send, verdict
 
 
 @dataclass
@@ -130,9 +131,9 @@ def i_resend(c: Ctx) -> str | None:
     """A script re-sent after its reply was lost returns the same verdict and changes
     nothing more (issue 12: one request id per call, the remembered reply)."""
     for r in c.resends:
-        first, second = reply_for_compare(r.script, r.first), reply_for_compare(r.script, r.second)
+        first, second = verdict(r.script, r.first), verdict(r.script, r.second)
         if first != second:
-            msg = f"re-sent {r.script} answered {second}, its first run {first}"
+            msg = f"re-sent {r.script} answered {r.second}, its first run {r.first}"
             return msg, f"{r.script}: another verdict"
         before = c.driver.canonical(r.state_before, 0)
         after = c.driver.canonical(r.state_after, 0)
