@@ -357,19 +357,27 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     await store.initialize(auto=False, confirm_data_loss=False)
     keys = JobKeys("default", f"floor-{secrets.token_hex(3)}")
     await store.register(keys, 1, None)
-    admit_sha, record_sha = store._shas["admit-5"], store._shas["record-1"]
+    admit_sha, record_sha = store._shas["admit-5"], store._shas["record-2"]
+
+    def trailer(rid: str) -> tuple[list[str], list[str]]:
+        """The prelude's trailer every script call carries (see gateway/lua/_prelude.lua)."""
+        return [keys.req(rid), keys.marker], [rid, "60000", "0", ""]
 
     async def admit_raw(i: int, prefix: str = "s") -> None:  # a new step each: a real write
+        tk, ta = trailer(f"a{prefix}{i}")
         await client.evalsha(
-            admit_sha, 5, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
-            keys.marker, "1", "required", "0" * 64, "hook", "send", f"d{i}", "30000", "3600",
-            "0", keys.job_id, f"{prefix}{i}", "", "default", "",
+            admit_sha, 7, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
+            keys.relayq, *tk, "1", "required", "0" * 64, "hook", "send", f"a{prefix}{i}",
+            "30000", "3600", "0", keys.job_id, f"{prefix}{i}", "", "default", "",
+            keys.member(f"{prefix}{i}"), *ta,
         )  # fmt: skip
 
     async def record_raw(i: int) -> None:
+        tk, ta = trailer(f"r{i}")
         await client.evalsha(
-            record_sha, 1, keys.effect(f"s{i}"), f"d{i}", "succeeded", '{"ok":true}', "", "3600"
-        )
+            record_sha, 4, keys.effect(f"s{i}"), keys.relayq, *tk, f"as{i}", "succeeded",
+            '{"ok":true}', "", "3600", keys.member(f"s{i}"), "0", *ta,
+        )  # fmt: skip
 
     rows.append(await measure("L1 raw EVALSHA admit", n, concurrency, admit_raw))
     rows.append(await measure("L1 raw EVALSHA record", n, concurrency, record_raw))

@@ -132,6 +132,7 @@ def create_app(
             dispatch_timeout_ms=int(settings.fencing.dispatch_timeout_seconds * 1000),
             retention_seconds=settings.fencing.retention_seconds,
             state_file=state_file,
+            request_memory_seconds=settings.redis.request_memory_seconds,
         )
         try:
             await store.load_scripts()
@@ -181,11 +182,15 @@ def create_app(
                 n for n, s in settings.adapters.items() if s.get("tenant_in_key")
             ),
             crash_hook=crash_hook,
-            # how long the relay keeps a queue entry whose step has no record yet: its admit
-            # (one Redis exchange after the entry) may still land; then it is dropped
+            # how long an admit whose reply was lost is sent again to learn its verdict
             admit_grace_seconds=max(1.0, 2 * settings.redis.timeout_seconds),
         )
-        relay = asyncio.create_task(app[K.SERVICE].relay_forever())
+        relay = asyncio.create_task(
+            app[K.SERVICE].relay_forever(
+                per_tenant=settings.fencing.relay_per_tenant,
+                sweep_seconds=settings.fencing.relay_sweep_seconds,
+            )
+        )
         yield
         app[K.SERVICE].stop_relay()
         relay.cancel()

@@ -111,8 +111,12 @@ class Batcher:
         self.batches += 1
         self.commands += len(calls)
         try:
-            conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+            # bounded too: a new connection's handshake to a Redis that stalls never returns
+            async with asyncio.timeout(self._timeout):
+                conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         except BaseException as exc:
+            if isinstance(exc, TimeoutError):
+                exc = RedisTimeoutError(f"no connection to Redis within {self._timeout} s")
             _fail(calls, exc)
             if not isinstance(exc, Exception):
                 raise

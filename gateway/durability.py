@@ -57,9 +57,13 @@ async def initialize(
     value = json.dumps({"id": secrets.token_hex(8), "created_at": time.time()})
     # Slot markers first, the global one last: readiness means all are there.
     # (MSET in chunks: 16384 keys in ~30 ms with appendfsync always.)
+    # A slot marker is also the slot's write counter (it only rises; see the scripts'
+    # prelude). It starts at the clock in microseconds, so after an init that confirmed a
+    # data loss every counter is above anything a gateway saw before it.
+    counter = str(time.time_ns() // 1000)
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
-        await client.mset(dict.fromkeys(markers[i : i + 2048], value))
+        await client.mset(dict.fromkeys(markers[i : i + 2048], counter))
     await client.set(MARKER, value)
     # a fresh start: this Redis's epoch is the new baseline
     write_state(state_file, int(await client.incr(EPOCH)))

@@ -225,7 +225,10 @@ class AdapterUnavailable(FencegateError):
 class StoreUnavailable(FencegateError):
     code = "store_unavailable"
     status = 503
-    title = "The fence store is unavailable; nothing was dispatched"
+    title = "The fence store is unavailable"
+    # True when a script was sent and no reply came: it may have run (the store re-sends
+    # it with the same request id to learn its verdict).
+    maybe_applied: bool = False
 
 
 class GatewayUnreachable(FencegateError):

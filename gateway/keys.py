@@ -14,9 +14,15 @@ so the tag is unambiguous.
 ``fg:audit:<t>``        stream: the tenant-wide audit feed (a copy of each entry,
                         appended right after the deciding script), trimmed by age.
 ``fg:marker``           the durability marker written by ``fencegate init``.
-``fg:relay``            sorted set of ``[tenant, job, step]`` the async relay must look
-                        at, scored by due time (ms). Written before the step's admit,
-                        so a crash in between leaves an entry that finds nothing to do.
+``fg:{t/j}:req:<id>``   a deciding script's remembered reply, for a re-send of the same
+                        request (TTL: ``redis.request_memory_seconds``).
+``fg:rq:{<s>}``         the relay queue of one slot: sorted set of ``[tenant, job, step]``
+                        scored by due time (ms). Written by the admit that queues the
+                        step, atomically with it; left by the outcome. The truth.
+``fg:relay:t:<t>``      per tenant: a hint of the same members, written after the
+                        admit, read by the relay (fair across tenants). A hint lost
+                        in a crash is found again by the sweep of every slot queue.
+``fg:relay:tenants``    set of the tenants that have hints.
 ``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
                         the one a gateway last saw came back from an older snapshot.
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
@@ -31,24 +37,27 @@ so the tag is unambiguous.
 from __future__ import annotations
 
 import functools
+import json
 from binascii import crc_hqx
 from dataclasses import dataclass
 
 __all__ = [
     "EPOCH",
     "MARKER",
-    "RELAY",
+    "RELAY_TENANTS",
     "SLOTS",
     "JobKeys",
     "audit_feed",
     "key_slot",
+    "relay_hint",
+    "relay_queue",
     "slot_marker",
     "slot_tags",
 ]
 
 MARKER = "fg:marker"
 EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
-RELAY = "fg:relay"  # sorted set: steps for the async relay, scored by when they are due
+RELAY_TENANTS = "fg:relay:tenants"  # set: tenants with relay hints
 PREFIX = "fg:"
 SLOTS = 16384
 
@@ -77,6 +86,15 @@ def slot_marker(slot: int) -> str:
     return "fg:marker:{" + slot_tags()[slot] + "}"
 
 
+def relay_queue(slot: int) -> str:
+    """The relay queue of one slot (written by the scripts of that slot's jobs)."""
+    return "fg:rq:{" + slot_tags()[slot] + "}"
+
+
+def relay_hint(tenant: str) -> str:
+    return "fg:relay:t:" + tenant
+
+
 @dataclass(frozen=True, slots=True)
 class JobKeys:
     """The keys of one job of one tenant."""
@@ -89,9 +107,25 @@ class JobKeys:
         return "{" + self.tenant + "/" + self.job_id + "}"
 
     @property
+    def slot(self) -> int:
+        return key_slot(self.tenant + "/" + self.job_id)
+
+    @property
     def marker(self) -> str:
         """The durability marker in this job's slot."""
-        return slot_marker(key_slot(self.tenant + "/" + self.job_id))
+        return slot_marker(self.slot)
+
+    @property
+    def relayq(self) -> str:
+        """The relay queue in this job's slot."""
+        return relay_queue(self.slot)
+
+    def member(self, step: str) -> str:
+        """This step's member in the relay queue and the tenant's hint."""
+        return json.dumps([self.tenant, self.job_id, step], separators=(",", ":"))
+
+    def req(self, request_id: str) -> str:
+        return f"fg:{self.tag}:req:{request_id}"
 
     @property
     def job(self) -> str:

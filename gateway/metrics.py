@@ -31,6 +31,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.relay_not_sent = Counter(
+            "fencegate_relay_not_sent",
+            "Queued async steps the relay's claim refused to send (superseded, lease_expired, "
+            "cancelled, unbound); each is released, the first two audited.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.problems = Counter(
             "fencegate_problems",
             "Problem responses by code and HTTP status.",

@@ -46,14 +46,16 @@ from gateway.keys import JobKeys
 from gateway.metrics import Metrics
 from gateway.records import (
     Admitted,
+    AdmitVerdict,
     EffectRecord,
     EffectResult,
     EffectState,
     InProgress,
     Queued,
+    RelayClaim,
     Replay,
 )
-from gateway.store import Store
+from gateway.store import Store, new_request_id
 
 __all__ = ["EffectResult", "EffectService"]
 
@@ -62,6 +64,8 @@ log = structlog.get_logger("fencegate.service")
 # Record retries when Redis blips right after a dispatch: the effect happened,
 # so try hard to write it down before giving up to `unknown`.
 _RECORD_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
+# A relay dispatch that ended released (known not delivered) is tried again after this.
+_RELAY_RETRY_MS = 1000
 
 
 class EffectService:
@@ -90,6 +94,8 @@ class EffectService:
         self._inflight: dict[asyncio.Task[EffectResult], tuple[JobKeys, str, str]] = {}
         self.relay_wakeup = asyncio.Event()
         self._relay_stopping = False
+        # admits whose reply never came and that Redis could not be told to give up yet
+        self._voids: set[tuple[JobKeys, str, str]] = set()
 
     def stop_relay(self) -> None:
         """Ask :meth:`relay_forever` to return at its next turn (shutdown)."""
@@ -122,13 +128,9 @@ class EffectService:
             raise InvalidRequest(f"payload does not fit {adapter_name}.{operation}: {exc}") from exc
         digest = intent_digest(adapter_name, operation, payload)
         started = time.monotonic()
-        payload_json = ""
-        if respond_async:
-            # queue first: a crash before the admit leaves an entry that finds nothing to do
-            payload_json = json.dumps(payload, separators=(",", ":"))
-            await self._store.relay_enqueue(keys, step, int(time.time() * 1000))
+        payload_json = json.dumps(payload, separators=(",", ":")) if respond_async else ""
         self._crash("before_admit")
-        verdict = await self._store.admit(
+        verdict = await self._admit(
             keys,
             step,
             generation=generation,
@@ -141,6 +143,8 @@ class EffectService:
         )
         self._crash("after_admit")
         if isinstance(verdict, Queued):
+            # the queue entry was written with the step; this hint only makes it prompt
+            await self._store.relay_hint(keys, step, int(time.time() * 1000))
             self.relay_wakeup.set()
             return self._result(keys, step, verdict.generation, verdict.state, adapter_name)
         if isinstance(verdict, Replay):
@@ -163,6 +167,65 @@ class EffectService:
         # The deadline is monotonic and counted from before the admit: never later than Redis's.
         request = self._request(keys, step, generation, adapter_name, operation, payload, started)
         return await self._spawn(keys, adapter, request, verdict)
+
+    async def _admit(
+        self,
+        keys: JobKeys,
+        step: str,
+        *,
+        payload_json: str,
+        **kwargs: Any,
+    ) -> AdmitVerdict:
+        """The admit, safe when its reply is lost.
+
+        A script that was sent but not answered may have run. It is sent again with the same
+        request id (the script answers what it answered the first time, or runs now), for up
+        to the admit grace. If Redis still does not answer, a synchronous call is given up in
+        Redis (:meth:`Store.void`: the admit, if it ran, held the step for a dispatch that
+        never started); an async call may have been queued, and the caller is told so.
+        """
+        dispatch_id = new_request_id()
+        give_up = time.monotonic() + min(self._admit_grace_ms / 1000, self._timeout)
+        delay = 0.05
+        while True:
+            try:
+                return await self._store.admit(
+                    keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
+                )
+            except StoreUnavailable as exc:
+                if not exc.maybe_applied or time.monotonic() + delay > give_up:
+                    failure = exc
+                    break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        if not failure.maybe_applied:
+            raise failure
+        if payload_json:
+            raise StoreUnavailable(
+                "Redis did not answer the admit: the call may have been queued for the relay. "
+                "Send the same call again (it is safe): it answers the step's true state.",
+                may_have_been_queued=True,
+            ) from failure
+        if not await self._void(keys, step, dispatch_id):
+            self._voids.add((keys, step, dispatch_id))
+        raise StoreUnavailable(
+            "Redis did not answer the admit; nothing was sent for this call. If the admit ran, "
+            "the step is released as soon as Redis answers again.",
+        ) from failure
+
+    async def _void(self, keys: JobKeys, step: str, dispatch_id: str) -> bool:
+        try:
+            what = await self._store.void(keys, step, dispatch_id)
+        except StoreUnavailable:
+            return False
+        log.warning("admit_given_up", key=f"{keys.job_id}:{step}", found=what)
+        return True
+
+    async def retry_voids(self) -> None:
+        """Give up, once Redis answers again, the admits whose reply never came."""
+        for item in list(self._voids):
+            if await self._void(*item):
+                self._voids.discard(item)
 
     def _spawn(
         self, keys: JobKeys, adapter: Adapter, request: EffectRequest, admitted: Admitted
@@ -303,13 +366,17 @@ class EffectService:
             state, error = "released", {"reason": outcome.reason}
         else:
             state, error = "unknown", {"reason": outcome.reason}
+        # one request id for every try: a try whose reply was lost is not applied twice
+        request_id = new_request_id()
+        retry_due = int(time.time() * 1000) + _RELAY_RETRY_MS
         for delay in (0.0, *_RECORD_BACKOFF):
             if delay:
                 await asyncio.sleep(delay)
             try:
-                held = await self._store.record(
-                    keys, request.step, dispatch_id, state, result=result, error=error
-                )
+                held, _ = await self._store.record(
+                    keys, request.step, dispatch_id, state, result=result, error=error,
+                    request_id=request_id, retry_due_ms=retry_due,
+                )  # fmt: skip
             except StoreUnavailable:
                 continue
             if not held:
@@ -365,62 +432,96 @@ class EffectService:
 
     # -- the async relay -------------------------------------------------------
 
-    async def relay_forever(self, *, interval: float = 0.25, batch: int = 32) -> None:
+    async def relay_forever(
+        self, *, interval: float = 0.25, per_tenant: int = 16, sweep_seconds: float = 10.0
+    ) -> None:
         """Perform queued steps. Any number of gateways may run this: each step is
-        claimed atomically in its own slot, so it is dispatched by one relay only.
+        claimed atomically in its own slot, so it is dispatched by one relay only, and the
+        claim re-checks the fence, the lease, cancellation and the pinned intent.
+
+        Each turn takes up to ``per_tenant`` due steps of every tenant, interleaved, so one
+        tenant's backlog does not delay another's steps. Every ``sweep_seconds`` (and at
+        start) the queue of every slot is read again: a hint lost in a crash between an
+        admit and its hint is found there.
 
         Stopped by :meth:`stop_relay` (checked every turn), not only by cancellation:
         a cancellation can be swallowed on its way (Python 3.11's ``wait_for`` turned
         one that landed as it timed out into ``TimeoutError``; an ``asyncio.Condition``
         waiter re-acquires its lock before it lets a cancellation through), and the
         app's cleanup must never wait forever for this loop."""
+        next_sweep = 0.0
         while not self._relay_stopping:
             progressed = False
+            due: list[tuple[JobKeys, str, int]] = []
             try:
-                due = await self._store.relay_due(int(time.time() * 1000), batch)
-                for keys, step, queued_ms in due:
-                    progressed |= await self._relay_one(keys, step, queued_ms)
+                if self._voids:
+                    await self.retry_voids()
+                if time.monotonic() >= next_sweep:
+                    await self._store.sweep(int(time.time() * 1000))
+                    next_sweep = time.monotonic() + sweep_seconds
+                due = await self._store.relay_due(int(time.time() * 1000), per_tenant)
+                for keys, step, _ in due:
+                    if self._relay_stopping:
+                        break
+                    progressed |= await self._relay_one(keys, step)
             except StoreUnavailable:
                 due = []
-            if len(due) < batch or not progressed:
+            if not due or not progressed:
                 self.relay_wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(interval):
                         await self.relay_wakeup.wait()
 
-    async def _relay_one(self, keys: JobKeys, step: str, queued_ms: int) -> bool:
-        """Perform one queue entry; False when it was left for later untouched."""
-        claim = await self._store.relay_claim(keys, step)
-        if isinstance(claim, str):
-            # The entry is written before the admit (a crash between them must leave a trace),
-            # so a relay can see it before the step has a record. Dropping it then lost the
-            # step: pending forever. Young entries without a record wait for their admit.
-            if claim == "" and int(time.time() * 1000) - queued_ms < self._admit_grace_ms:
-                return False
-            await self._store.relay_drop(keys, step)
+    async def _claim(self, keys: JobKeys, step: str) -> RelayClaim | int | str | None:
+        """The relay's claim, safe when its reply is lost (sent again with the same request
+        id; given up in Redis if that fails too). None: no verdict, look again later."""
+        dispatch_id = new_request_id()
+        for delay in (0.0, 0.05, 0.2):
+            if delay:
+                await asyncio.sleep(delay)
+            try:
+                return await self._store.relay_claim(keys, step, dispatch_id)
+            except StoreUnavailable as exc:
+                if not exc.maybe_applied:
+                    return None
+        if not await self._void(keys, step, dispatch_id):
+            self._voids.add((keys, step, dispatch_id))
+        return None
+
+    async def _relay_one(self, keys: JobKeys, step: str) -> bool:
+        """Perform one queued step; False when it was left for later untouched."""
+        started = time.monotonic()  # the step's deadline counts from before the claim
+        claim = await self._claim(keys, step)
+        if claim is None:
+            return False
+        if isinstance(claim, str):  # nothing to send: the step left the queue
+            if claim in ("superseded", "lease_expired", "cancelled", "unbound"):
+                self._metrics.relay_not_sent.labels(claim).inc()
+                log.info("relay_not_sent", key=f"{keys.job_id}:{step}", why=claim)
+            await self._store.relay_unhint(keys, step)
             return True
         if isinstance(claim, int):  # someone is dispatching it: look again after its deadline
-            await self._store.relay_enqueue(keys, step, claim + 50)
+            await self._store.relay_hint(keys, step, claim + 50)
             return True
         adapter = self._adapters.get(claim.adapter)
         if adapter is None:
             log.error("relay_unknown_adapter", adapter=claim.adapter, key=f"{keys.job_id}:{step}")
             reason = {"reason": f"adapter {claim.adapter!r} is not configured"}
             await self._store.record(keys, step, claim.dispatch_id, "failed", error=reason)
-            await self._store.relay_drop(keys, step)
+            await self._store.relay_unhint(keys, step)
             return True
         request = self._request(
-            keys, step, claim.generation, claim.adapter, claim.operation, claim.payload
+            keys, step, claim.generation, claim.adapter, claim.operation, claim.payload, started
         )
         admitted = Admitted(claim.dispatch_id, claim.generation, claim.deadline_ms, resolving=False)
         try:
             await self._spawn(keys, adapter, request, admitted)
-        except AdapterUnavailable:  # released: try again later, same key
-            await self._store.relay_enqueue(keys, step, int(time.time() * 1000) + 1000)
+        except AdapterUnavailable:  # released, still queued: try again later (re-claimed)
+            await self._store.relay_hint(keys, step, int(time.time() * 1000) + _RELAY_RETRY_MS)
             return True
         except FencegateError:
             pass  # failed or unknown: recorded; nothing more for the relay to do
-        await self._store.relay_drop(keys, step)
+        await self._store.relay_unhint(keys, step)
         return True
 
     async def drain(self, within: float, cut_short: asyncio.Event | None = None) -> int:

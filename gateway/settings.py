@@ -81,12 +81,18 @@ class RedisSettings(_Section):
     allow_volatile: bool = False
     # How often the gateway bumps the Redis epoch (detects restores of older snapshots).
     epoch_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    # How long a deciding script's reply is remembered for a re-send of the same request.
+    request_memory_seconds: Annotated[float, Field(ge=5, le=3600)] = 60.0
 
 
 class FencingSettings(_Section):
     registration: Literal["required", "implicit"] = "required"
     dispatch_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30
     retention_seconds: Annotated[int, Field(ge=60)] = 604_800
+    # The relay: due steps taken per tenant per turn (fairness), and how often it reads
+    # every slot's queue again (finds a step whose hint was lost in a crash).
+    relay_per_tenant: Annotated[int, Field(ge=1, le=1000)] = 16
+    relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
 Role = Literal["worker", "scheduler", "auditor", "admin"]

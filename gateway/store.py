@@ -51,7 +51,15 @@ from gateway.errors import (
     StoreUnavailable,
     UnregisteredGeneration,
 )
-from gateway.keys import MARKER, RELAY, JobKeys, audit_feed
+from gateway.keys import (
+    MARKER,
+    RELAY_TENANTS,
+    SLOTS,
+    JobKeys,
+    audit_feed,
+    relay_hint,
+    relay_queue,
+)
 from gateway.records import (
     Admitted,
     AdmitVerdict,
@@ -81,6 +89,7 @@ __all__ = [
     "RelayClaim",
     "Store",
     "connect",
+    "new_request_id",
 ]
 
 T = TypeVar("T")
@@ -88,13 +97,14 @@ log = structlog.get_logger("fencegate.store")
 
 SCRIPT_NAMES = (
     "admit-5",
-    "record-1",
-    "register-3",
-    "heartbeat-3",
-    "cancel-2",
-    "reject-3",
+    "record-2",
+    "register-2",
+    "heartbeat-2",
+    "cancel-1",
+    "reject-2",
     "resolve-4",
-    "relay-3",
+    "relay-4",
+    "void-3",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
@@ -127,10 +137,15 @@ _DETAILS = {
 
 
 def _lua_source(name: str) -> str:
+    """The prelude (the trailer, re-send memory, the slot counter, the audit chain), then the
+    script's body as a function the prelude runs."""
     lua = resources.files("gateway") / "lua"
     prelude = (lua / "_prelude.lua").read_text(encoding="utf-8")
-    return prelude + "\n" + (lua / f"{name}.lua").read_text(encoding="utf-8")
+    body = (lua / f"{name}.lua").read_text(encoding="utf-8")
+    return f"{prelude}\nreturn run_script(function()\n{body}\nend)\n"
 
+
+_FEED_FIELDS = ("step", "reason", "presented", "current", "worker_id", "adapter")
 
 _REDIS_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, ResponseError)
 
@@ -155,6 +170,9 @@ def _dispatch_id() -> str:
     return f"{_DISPATCH_PREFIX}{next(_dispatch_counter):x}"
 
 
+new_request_id = _dispatch_id
+
+
 def _optional_int(raw: str) -> int | None:
     return int(raw) if raw else None
 
@@ -170,8 +188,15 @@ class Store:
         dispatch_timeout_ms: int,
         retention_seconds: int,
         state_file: Path | None = None,
+        request_memory_seconds: float = 60.0,
+        audit_key: str = "",
     ) -> None:
         self._client = client
+        self._request_ttl = str(int(request_memory_seconds * 1000))
+        self._audit_key = audit_key
+        # The highest value of each slot's marker seen in a reply (slot -> counter). A reply
+        # below it means the slot went back in time: the script refuses ({8, 'behind'}).
+        self.slot_seen: dict[int, int] = {}
         self._registration = registration
         self._dispatch_timeout_ms = str(dispatch_timeout_ms)
         self._retention = str(retention_seconds)
@@ -219,23 +244,62 @@ class Store:
 
         await self._guard(load)
 
-    async def _run(self, name: str, keys: Sequence[str], args: Sequence[str]) -> list[Any]:
+    async def _run(
+        self,
+        name: str,
+        job: JobKeys,
+        keys: Sequence[str],
+        args: Sequence[str],
+        request_id: str | None = None,
+    ) -> list[Any]:
         """One script, one round trip, pipelined with the others of this tick (EVALSHA; EVAL on
-        NOSCRIPT, see :mod:`gateway.batching`)."""
+        NOSCRIPT, see :mod:`gateway.batching`).
+
+        Every call carries the prelude's trailer: a request id (a re-send of the same call
+        gets the remembered reply and changes nothing), the job slot's marker and the highest
+        value of it seen. The reply comes back without the slot counter it is prefixed with.
+        """
+        rid = request_id or _dispatch_id()
+        slot = job.slot
+        seen = self.slot_seen.get(slot, 0)
         try:  # awaited here, not through _guard: one coroutine frame less on the hot path
             reply: list[Any] = await self._batcher.evalsha(
-                self._shas[name], self._sources[name], keys, args
+                self._shas[name],
+                self._sources[name],
+                (*keys, job.req(rid), job.marker),
+                (*args, rid, self._request_ttl, str(seen), self._audit_key),
             )
         except _REDIS_FAILURES as exc:
             if (unavailable := _unavailable(exc)) is None:
                 raise
+            unavailable.maybe_applied = True
             raise unavailable from exc
-        if reply[0] == 8:
+        seq = int(reply[0])
+        if seq > seen:
+            self.slot_seen[slot] = seq
+        if reply[1] == 8:
+            if len(reply) > 2:
+                log.error(
+                    "redis_slot_went_back",
+                    slot=slot,
+                    counter=seq,
+                    seen=int(reply[3]),
+                    detail="writes this gateway saw acknowledged are gone (a restored backup, "
+                    "a lost tail of writes, a failover to a lagging replica): nothing is "
+                    "dispatched in this slot until `fencegate init --confirm-data-loss`",
+                )
+                raise StoreUnavailable(
+                    "Redis has lost writes fencegate saw acknowledged (this job's slot went "
+                    "back in time): fences may be gone, so nothing is dispatched. An operator "
+                    "must run `fencegate init --confirm-data-loss` and re-register current "
+                    "generations."
+                )
             raise StoreUnavailable(
                 "Redis has lost fencegate's data (the durability marker of this job's slot is "
                 "missing): fences may be gone, so nothing is dispatched. An operator must run "
                 "`fencegate init --confirm-data-loss` and re-register current generations."
             )
+        del reply[0]
         return reply
 
     # -- durability marker ---------------------------------------------------
@@ -327,8 +391,9 @@ class Store:
         self, keys: JobKeys, generation: int | None, lease_ms: int | None
     ) -> Registration:
         reply = await self._run(
-            "register-3",
-            (keys.job, keys.audit, keys.marker),
+            "register-2",
+            keys,
+            (keys.job, keys.audit),
             (
                 "" if generation is None else str(generation),
                 "" if lease_ms is None else str(lease_ms),
@@ -347,8 +412,9 @@ class Store:
         self, keys: JobKeys, generation: int, worker_id: str
     ) -> tuple[int, int | None]:
         reply = await self._run(
-            "heartbeat-3",
-            (keys.job, keys.audit, keys.marker),
+            "heartbeat-2",
+            keys,
+            (keys.job, keys.audit),
             (
                 str(generation),
                 self._registration,
@@ -374,8 +440,9 @@ class Store:
         """Audit a rejection decided outside Redis (bad token); returns the error to raise."""
         presented = err.fields.get("presented")
         reply = await self._run(
-            "reject-3",
-            (keys.job, keys.audit, keys.marker),
+            "reject-2",
+            keys,
+            (keys.job, keys.audit),
             (err.code, "" if presented is None else str(presented), keys.job_id, step, worker_id,
              adapter, keys.tenant, self._retention),
         )  # fmt: skip
@@ -389,7 +456,8 @@ class Store:
         """Record an operator's finding for an ``unknown`` step (audited)."""
         reply = await self._run(
             "resolve-4",
-            (keys.effect(step), keys.job, keys.audit, keys.marker),
+            keys,
+            (keys.effect(step), keys.job, keys.audit, keys.relayq),
             (
                 "delivered" if delivered else "not_delivered",
                 "" if result is None else json.dumps(result, separators=(",", ":")),
@@ -398,6 +466,7 @@ class Store:
                 keys.tenant,
                 self._retention,
                 operator,
+                keys.member(step),
             ),
         )
         code = int(reply[0])
@@ -421,7 +490,7 @@ class Store:
 
     async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
         """Cancel the job; returns (fence, was_already_cancelled)."""
-        reply = await self._run("cancel-2", (keys.job, keys.marker), ())
+        reply = await self._run("cancel-1", keys, (keys.job,), ())
         return int(reply[1]), int(reply[0]) == 1
 
     async def admit(
@@ -436,12 +505,18 @@ class Store:
         worker_id: str,
         resolvable: bool,
         payload_json: str = "",
+        dispatch_id: str | None = None,
     ) -> AdmitVerdict:
-        """Admit a call; with ``payload_json`` (async) the intent is queued for the relay."""
-        dispatch_id = _dispatch_id()
+        """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
+
+        ``dispatch_id`` is also the call's request id: sent again with the same one (its
+        reply was lost), the admit answers what it answered the first time.
+        """
+        dispatch_id = dispatch_id or _dispatch_id()
         reply = await self._run(
             "admit-5",
-            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.marker),
+            keys,
+            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq),
             (
                 str(generation),
                 self._registration,
@@ -457,10 +532,14 @@ class Store:
                 worker_id,
                 keys.tenant,
                 payload_json,
+                keys.member(step),
             ),
+            request_id=dispatch_id,
         )
         code = int(reply[0])
         if code == 0:
+            if reply[5]:
+                await self._copy_to_feed(keys, str(reply[5]))
             return Admitted(str(reply[1]), int(reply[2]), int(reply[3]), reply[4] == "1")
         if code == 1:
             return Replay(EffectRecord.from_flat(reply[1:]))
@@ -469,11 +548,27 @@ class Store:
         if code == 3:
             return Unknown(EffectRecord.from_flat(reply[1:]))
         if code == 4:
+            if reply[1]:
+                await self._copy_to_feed(keys, str(reply[1]))
             return Queued("pending", generation)
         if code == 5:
             record = EffectRecord.from_flat(reply[1:])
             return Queued(record.state, record.generation)
+        if code == 10:
+            raise StoreUnavailable("this call was given up before Redis ran it; nothing was done")
         raise await self._rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
+
+    async def void(self, keys: JobKeys, step: str, dispatch_id: str) -> str:
+        """Give up an admit (or relay claim) whose reply never came: 'voided' (it had not run and
+        never will), 'released' / 'unknown' (it had run; the step is as before it), or what
+        was there instead ('queued', 'answered', a state): nothing to undo."""
+        reply = await self._run(
+            "void-3",
+            keys,
+            (keys.effect(step), keys.relayq, keys.req(dispatch_id)),
+            (dispatch_id, self._retention),
+        )
+        return str(reply[1])
 
     async def record(
         self,
@@ -484,51 +579,138 @@ class Store:
         *,
         result: Any = None,
         error: Any = None,
-    ) -> bool:
-        """Record a dispatch's outcome; False if the step is no longer held by it."""
+        request_id: str | None = None,
+        retry_due_ms: int = 0,
+    ) -> tuple[bool, int | None]:
+        """Record a dispatch's outcome: (held, when the relay tries again). ``held`` is False
+        when the step is no longer held by this dispatch. A relay dispatch that ends
+        ``released`` stays queued, due at ``retry_due_ms``."""
         reply = await self._run(
-            "record-1",
-            (keys.effect(step),),
+            "record-2",
+            keys,
+            (keys.effect(step), keys.relayq),
             (
                 dispatch_id,
                 state,
                 "" if result is None else json.dumps(result, separators=(",", ":")),
                 "" if error is None else json.dumps(error, separators=(",", ":")),
                 self._retention,
+                keys.member(step),
+                str(retry_due_ms),
             ),
+            request_id=request_id,
         )
-        return int(reply[0]) == 0
+        if int(reply[0]) != 0:
+            return False, None
+        return True, (int(reply[1]) if reply[1] else None)
+
+    async def _copy_to_feed(self, keys: JobKeys, audit_id: str) -> None:
+        """Copy an entry a script wrote as a side note (not a rejection it answers) to the feed."""
+
+        async def read() -> list[tuple[str, dict[str, str]]]:
+            rows = await self._client.xrange(keys.audit, audit_id, audit_id)
+            return rows  # type: ignore[return-value]  # decode_responses=True: str
+
+        try:
+            rows = await self._guard(read)
+        except StoreUnavailable:
+            log.warning("audit_feed_copy_failed", job_id=keys.job_id, audit_id=audit_id)
+            return
+        for _, fields in rows:
+            copy = {k: v for k, v in fields.items() if k in _FEED_FIELDS}
+            await self._to_feed(keys, audit_id, **copy)
 
     # -- the async relay's queue --------------------------------------------
+    #
+    # The truth is the queue of each slot (fg:rq:{s}), written by the scripts atomically with
+    # the step. The relay reads per-tenant hints, written after the admit; a hint lost in a
+    # crash is found again by sweep(), which reads every slot's queue.
 
-    async def relay_enqueue(self, keys: JobKeys, step: str, due_ms: int) -> None:
-        member = json.dumps([keys.tenant, keys.job_id, step])
-        await self._guard(lambda: self._client.zadd(RELAY, {member: due_ms}))
+    async def relay_hint(self, keys: JobKeys, step: str, due_ms: int) -> None:
+        """Point the relay at a queued step (best effort: the sweep finds a lost one)."""
+        member = keys.member(step)
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(relay_hint(keys.tenant), {member: due_ms})
+                pipe.sadd(RELAY_TENANTS, keys.tenant)
+                await self._guard(pipe.execute)
+        except StoreUnavailable:
+            log.warning("relay_hint_failed", job_id=keys.job_id, step=step)
 
-    async def relay_drop(self, keys: JobKeys, step: str) -> None:
-        member = json.dumps([keys.tenant, keys.job_id, step])
-        await self._guard(lambda: self._client.zrem(RELAY, member))
+    async def relay_unhint(self, keys: JobKeys, step: str) -> None:
+        try:
+            await self._guard(lambda: self._client.zrem(relay_hint(keys.tenant), keys.member(step)))
+        except StoreUnavailable:
+            log.warning("relay_unhint_failed", job_id=keys.job_id, step=step)
 
-    async def relay_due(self, now_ms: int, limit: int) -> list[tuple[JobKeys, str, int]]:
-        """Due queue entries: (job, step, the time it was queued for, ms)."""
-        rows: list[tuple[str, float]] = await self._guard(
-            lambda: self._client.zrangebyscore(  # type: ignore[arg-type,return-value]
-                RELAY, "-inf", now_ms, start=0, num=limit, withscores=True
-            )
-        )
-        due = []
-        for member, score in rows:
-            tenant, job_id, step = json.loads(member)
-            due.append((JobKeys(tenant, job_id), step, int(score)))
+    async def relay_due(self, now_ms: int, per_tenant: int) -> list[tuple[JobKeys, str, int]]:
+        """Due hints, fair across tenants: up to ``per_tenant`` of each, interleaved."""
+
+        async def read() -> list[list[tuple[str, float]]]:
+            tenants: list[str] = sorted(await self._client.smembers(RELAY_TENANTS))  # type: ignore[arg-type]
+            if not tenants:
+                return []
+            async with self._client.pipeline(transaction=False) as pipe:
+                for tenant in tenants:
+                    pipe.zrangebyscore(
+                        relay_hint(tenant), "-inf", now_ms, start=0, num=per_tenant,
+                        withscores=True,
+                    )  # fmt: skip
+                return await pipe.execute()
+
+        per = await self._guard(read)
+        due: list[tuple[JobKeys, str, int]] = []
+        for i in range(max((len(rows) for rows in per), default=0)):
+            for rows in per:
+                if i < len(rows):
+                    member, score = rows[i]
+                    tenant, job_id, step = json.loads(member)
+                    due.append((JobKeys(tenant, job_id), step, int(score)))
         return due
 
-    async def relay_claim(self, keys: JobKeys, step: str) -> RelayClaim | int | str:
-        """Claim a pending step: the claim; a deadline (ms) to look again at; or the state that
-        leaves nothing to do ("" when the step has no record at all)."""
+    async def sweep(self, now_ms: int, per_slot: int = 100) -> int:
+        """Hint every due entry of every slot's queue (a hint lost in a crash); returns how
+        many due entries were found."""
+        found = 0
+        chunk = 2048
+        for start in range(0, SLOTS, chunk):
+
+            async def read(start: int = start) -> list[list[tuple[str, float]]]:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for slot in range(start, min(start + chunk, SLOTS)):
+                        pipe.zrangebyscore(
+                            relay_queue(slot), "-inf", now_ms, start=0, num=per_slot,
+                            withscores=True,
+                        )  # fmt: skip
+                    return await pipe.execute()
+
+            for rows in await self._guard(read):
+                for member, score in rows:
+                    tenant, job_id, step = json.loads(member)
+                    await self.relay_hint(JobKeys(tenant, job_id), step, int(score))
+                    found += 1
+        return found
+
+    async def relay_claim(
+        self, keys: JobKeys, step: str, dispatch_id: str | None = None
+    ) -> RelayClaim | int | str:
+        """Claim a queued step: the claim; a deadline (ms) to look again at; or why there is
+        nothing to send (the step has left the queue)."""
+        dispatch_id = dispatch_id or _dispatch_id()
         reply = await self._run(
-            "relay-3",
-            (keys.effect(step), keys.job, keys.marker),
-            (_dispatch_id(), self._dispatch_timeout_ms, self._retention),
+            "relay-4",
+            keys,
+            (keys.effect(step), keys.job, keys.audit, keys.relayq),
+            (
+                dispatch_id,
+                self._dispatch_timeout_ms,
+                self._retention,
+                keys.member(step),
+                keys.job_id,
+                step,
+                keys.tenant,
+            ),
+            request_id=dispatch_id,
         )
         code = int(reply[0])
         if code == 0:
@@ -538,6 +720,8 @@ class Store:
             )
         if code == 2:
             return int(reply[1])
+        if reply[2]:
+            await self._copy_to_feed(keys, str(reply[2]))
         return str(reply[1])
 
     # -- views ---------------------------------------------------------------

@@ -1,48 +1,62 @@
 --[[
   Admit one effect call: the fence decision, the step's intent pin and the
-  dispatch claim, in one atomic step. One round trip on the hot path.
+  dispatch claim (or, async, the relay queue entry), in one atomic step.
 
-  Input:
+  Input (the prelude's trailer follows):
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] effect hash       fg:{t/j}:fx:<step>
     KEYS[3] job audit stream  fg:{t/j}:audit
     KEYS[4] job steps set     fg:{t/j}:steps
-    KEYS[5] durability marker of this slot  fg:marker:{<slot tag>}
+    KEYS[5] relay queue of this slot  fg:rq:{<s>}   (member: ARGV[15])
     ARGV[1]  generation presented (decimal)
     ARGV[2]  registration mode: 'required' | 'implicit'
     ARGV[3]  intent sha256 (hex)
     ARGV[4]  adapter name
     ARGV[5]  operation
-    ARGV[6]  dispatch id (random; proves ownership of the step to record-1)
+    ARGV[6]  dispatch id (= this call's request id; proves ownership of the step to record)
     ARGV[7]  dispatch timeout, ms
     ARGV[8]  retention, seconds (effect records, steps set, audit stream)
     ARGV[9]  '1' when the adapter can resolve an unknown outcome (lookup or dedupes_by_key)
     ARGV[10] job id   ARGV[11] step   ARGV[12] worker id ('' if none)   ARGV[13] tenant
     ARGV[14] '' for a synchronous call; the payload JSON for an async call (Prefer:
-             respond-async): the intent is recorded 'pending' for a relay to perform
+             respond-async): the intent is recorded 'pending' and queued for a relay
+    ARGV[15] the relay queue member of this step (JSON [tenant, job, step])
 
   Output:
-    {0, dispatch_id, fence, deadline_ms, resolving}  admitted: caller holds the step
-                                                     (resolving = '1': the step was unknown)
+    {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id}
+                             admitted: the caller holds the step (resolving = '1': the step
+                             was unknown and is looked up first)
     {1, field, value, ...}   replay: the recorded effect (succeeded | failed)
     {2, retry_after_ms}      another dispatch holds the step
     {3, field, value, ...}   outcome unknown and the adapter cannot resolve it
-    {4}                      async: recorded 'pending' for the relay
-    {5, field, value, ...}   the step is already pending or dispatching (async: accepted again)
-    {8}   the slot's durability marker is missing: Redis lost data, nothing done
+    {4, superseded_audit_id} async: recorded 'pending' and queued for the relay
+    {5, field, value, ...}   async repeat: the relay has the step already (pending or dispatching)
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
+    {10}                     voided: the gateway gave this request up before it ran
+
+  A pending step queued by an older generation was never claimed, so nothing was
+  sent: the current generation supersedes it (audited as 'superseded') and pins
+  its own intent. The stored async payload always belongs to the pinned intent
+  (payload_sha); a synchronous pin drops it and the queue entry.
 ]]
-if redis.call('EXISTS', KEYS[5]) == 0 then return {8} end
 local gen = tonumber(ARGV[1])
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
 local fence = tonumber(job[1]) or 0
+local member = ARGV[15]
+local raised = false  -- implicit mode raised the fence: a read-only answer is a write too
+
+-- an answer that changed nothing, unless the fence was raised on the way
+local function answer(reply)
+  if raised then return done(reply) end
+  return reply
+end
 
 local function reject(reason, pinned)
   local id = audit(KEYS[3], KEYS[1], ARGV[8], now, {
     'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', reason,
     'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[12], 'adapter', ARGV[4]})
-  return {9, reason, ARGV[1], fmt(fence), id, pinned or ''}
+  return done({9, reason, ARGV[1], fmt(fence), id, pinned or ''})
 end
 
 if job[2] == '1' then return reject('job_cancelled') end
@@ -51,76 +65,107 @@ if gen > fence then
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   -- implicit mode: classic highest-seen fencing; a new generation has no lease
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
+  redis.call('PERSIST', KEYS[1])  -- a fence never expires
   fence = gen
+  raised = true
 else
   local lease_exp = tonumber(job[3]) or 0
   if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end
 end
 
-local fx = redis.call('HMGET', KEYS[2], 'state', 'intent_sha256', 'deadline', 'dispatch_id')
+local fx = redis.call('HMGET', KEYS[2], 'state', 'intent_sha256', 'deadline', 'dispatch_id',
+  'generation', 'relay', 'resolving', 'worker_id', 'adapter')
 local state = fx[1]
+local superseded = ''
+
+local function touch()
+  redis.call('EXPIRE', KEYS[2], ARGV[8])
+  redis.call('SADD', KEYS[4], ARGV[11])
+  redis.call('EXPIRE', KEYS[4], ARGV[8])
+end
 
 local function claim(resolving)
   local deadline = now + tonumber(ARGV[7])
   redis.call('HSET', KEYS[2], 'state', 'dispatching', 'intent_sha256', ARGV[3],
     'adapter', ARGV[4], 'operation', ARGV[5], 'dispatch_id', ARGV[6],
-    'deadline', fmt(deadline), 'updated_at', fmt(now), 'worker_id', ARGV[12])
+    'deadline', fmt(deadline), 'updated_at', fmt(now), 'worker_id', ARGV[12],
+    'resolving', resolving)
+  -- a synchronous dispatch owns the step now: no stored payload, no queue entry
+  redis.call('HDEL', KEYS[2], 'payload', 'payload_sha', 'relay')
+  redis.call('ZREM', KEYS[5], member)
   if resolving == '0' then
     -- a fresh dispatch: this generation is the one that dispatches it
     redis.call('HSET', KEYS[2], 'generation', ARGV[1])
     redis.call('HDEL', KEYS[2], 'result', 'error')
   end
   redis.call('HINCRBY', KEYS[2], 'attempts', 1)
-  redis.call('EXPIRE', KEYS[2], ARGV[8])
-  redis.call('SADD', KEYS[4], ARGV[11])
-  redis.call('EXPIRE', KEYS[4], ARGV[8])
-  return {0, ARGV[6], fmt(fence), fmt(deadline), resolving}
+  touch()
+  return done({0, ARGV[6], fmt(fence), fmt(deadline), resolving, superseded})
 end
 
 local function enqueue()
   redis.call('HSET', KEYS[2], 'state', 'pending', 'intent_sha256', ARGV[3], 'adapter', ARGV[4],
-    'operation', ARGV[5], 'payload', ARGV[14], 'generation', ARGV[1], 'updated_at', fmt(now),
-    'worker_id', ARGV[12])
-  redis.call('HDEL', KEYS[2], 'result', 'error', 'dispatch_id')
-  redis.call('EXPIRE', KEYS[2], ARGV[8])
-  redis.call('SADD', KEYS[4], ARGV[11])
-  redis.call('EXPIRE', KEYS[4], ARGV[8])
-  return {4}
+    'operation', ARGV[5], 'payload', ARGV[14], 'payload_sha', ARGV[3], 'relay', '1',
+    'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[12])
+  redis.call('HDEL', KEYS[2], 'result', 'error', 'dispatch_id', 'deadline', 'resolving')
+  redis.call('ZADD', KEYS[5], now, member)
+  touch()
+  return done({4, superseded})
+end
+
+local function pin()
+  if ARGV[14] ~= '' then return enqueue() end
+  return claim('0')
 end
 
 if not state then
   redis.call('HSET', KEYS[2], 'created_at', fmt(now))
-  if ARGV[14] ~= '' then return enqueue() end
-  return claim('0')
+  return pin()
 end
 -- released: known not delivered; the current generation may re-pin the step
-if state == 'released' then
-  if ARGV[14] ~= '' then return enqueue() end
-  return claim('0')
+if state == 'released' then return pin() end
+
+if state == 'pending' and (tonumber(fx[5]) or 0) < gen then
+  -- queued by an older generation and never claimed: nothing was sent. Supersede it.
+  superseded = audit(KEYS[3], KEYS[1], ARGV[8], now, {
+    'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', 'superseded',
+    'presented', fx[5] or '', 'current', fmt(fence), 'worker_id', fx[8] or '',
+    'adapter', fx[9] or ''})
+  return pin()
 end
 
 if fx[2] ~= ARGV[3] then return reject('intent_mismatch', fx[2]) end
 
-if state == 'pending' or (state == 'dispatching' and ARGV[14] ~= '') then
+if state == 'pending' then
   -- the relay has it: an async repeat is accepted again, a sync call waits
-  if ARGV[14] ~= '' then return {5, unpack(redis.call('HGETALL', KEYS[2]))} end
-  return {2, '1000'}
+  if ARGV[14] ~= '' then return answer({5, unpack(redis.call('HGETALL', KEYS[2]))}) end
+  return answer({2, '1000'})
 end
 
+local marked = false
 if state == 'dispatching' then
   local deadline = tonumber(fx[3]) or 0
-  -- a retried admit of this very dispatch (reply lost on a reset connection)
-  if fx[4] == ARGV[6] then return {0, ARGV[6], fmt(fence), fmt(deadline), '0'} end
-  if now < deadline then return {2, fmt(deadline - now)} end
+  if now < deadline then
+    -- the relay holds it: an async repeat is accepted again; a sync holder: wait
+    if ARGV[14] ~= '' and fx[6] == '1' then
+      return answer({5, unpack(redis.call('HGETALL', KEYS[2]))})
+    end
+    return answer({2, fmt(deadline - now)})
+  end
   -- the holder died or stalled past its deadline: the outcome is not known
   redis.call('HSET', KEYS[2], 'state', 'unknown', 'updated_at', fmt(now),
     'error', '{"reason":"dispatch deadline passed without a recorded outcome"}')
+  redis.call('HDEL', KEYS[2], 'payload', 'payload_sha', 'relay')
+  redis.call('ZREM', KEYS[5], member)
   state = 'unknown'
+  marked = true
 end
 
 if state == 'unknown' then
   if ARGV[9] == '1' then return claim('1') end
-  return {3, unpack(redis.call('HGETALL', KEYS[2]))}
+  local reply = {3, unpack(redis.call('HGETALL', KEYS[2]))}
+  if marked then return done(reply) end
+  return answer(reply)
 end
 
-return {1, unpack(redis.call('HGETALL', KEYS[2]))}
+return answer({1, unpack(redis.call('HGETALL', KEYS[2]))})

@@ -1,10 +1,9 @@
 --[[
   Register a generation at takeover: externally allocated, or the next one.
 
-  Input:
+  Input (the prelude's trailer follows):
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] job audit stream  fg:{t/j}:audit
-    KEYS[3] durability marker of this slot  fg:marker:{<slot tag>}
     ARGV[1] generation (decimal), or '' to allocate fence + 1
     ARGV[2] lease, ms ('' for no lease)
     ARGV[3] job id   ARGV[4] tenant   ARGV[5] retention, seconds
@@ -13,10 +12,8 @@
   Output:
     {0, generation, lease_exp_ms}   registered (lease_exp_ms '0' when no lease)
     {1, generation, lease_exp_ms}   that generation was already current (idempotent retry)
-    {8}   the slot's durability marker is missing: Redis lost data, nothing done
     {9, reason, presented, current, audit_id, ''}   rejected and audited
 ]]
-if redis.call('EXISTS', KEYS[3]) == 0 then return {8} end
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
 local fence = tonumber(job[1]) or 0
@@ -26,7 +23,7 @@ local function reject(reason)
   local id = audit(KEYS[2], KEYS[1], ARGV[5], now, {
     'tenant', ARGV[4], 'job_id', ARGV[3], 'step', '', 'reason', reason,
     'presented', presented, 'current', fmt(fence), 'worker_id', '', 'adapter', ''})
-  return {9, reason, presented, fmt(fence), id, ''}
+  return done({9, reason, presented, fmt(fence), id, ''})
 end
 
 if job[2] == '1' then return reject('job_cancelled') end
@@ -46,4 +43,5 @@ local lease_exp = '0'
 if ARGV[2] ~= '' then lease_exp = fmt(now + tonumber(ARGV[2])) end
 redis.call('HSET', KEYS[1], 'fence', fmt(gen), 'lease_ms', ARGV[2], 'lease_exp', lease_exp,
   'registered_at', fmt(now))
-return {0, fmt(gen), lease_exp}
+redis.call('PERSIST', KEYS[1])  -- a fence never expires
+return done({0, fmt(gen), lease_exp})

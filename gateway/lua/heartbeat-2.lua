@@ -1,10 +1,9 @@
 --[[
   Heartbeat: is this generation still current? If so, renew its lease.
 
-  Input:
+  Input (the prelude's trailer follows):
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] job audit stream  fg:{t/j}:audit
-    KEYS[3] durability marker of this slot  fg:marker:{<slot tag>}
     ARGV[1] generation presented (decimal)
     ARGV[2] registration mode: 'required' | 'implicit'
     ARGV[3] job id   ARGV[4] worker id ('' if none)   ARGV[5] tenant
@@ -12,10 +11,8 @@
 
   Output:
     {0, fence, lease_exp_ms}   current; lease extended by its lease_ms ('0': no lease)
-    {8}   the slot's durability marker is missing: Redis lost data, nothing done
     {9, reason, presented, current, audit_id, ''}   rejected and audited
 ]]
-if redis.call('EXISTS', KEYS[3]) == 0 then return {8} end
 local gen = tonumber(ARGV[1])
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp', 'lease_ms')
@@ -25,7 +22,7 @@ local function reject(reason)
   local id = audit(KEYS[2], KEYS[1], ARGV[6], now, {
     'tenant', ARGV[5], 'job_id', ARGV[3], 'step', '', 'reason', reason,
     'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[4], 'adapter', ''})
-  return {9, reason, ARGV[1], fmt(fence), id, ''}
+  return done({9, reason, ARGV[1], fmt(fence), id, ''})
 end
 
 if job[2] == '1' then return reject('job_cancelled') end
@@ -33,7 +30,8 @@ if gen < fence then return reject('stale_generation') end
 if gen > fence then
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0', 'lease_ms', '')
-  return {0, ARGV[1], '0'}
+  redis.call('PERSIST', KEYS[1])  -- a fence never expires
+  return done({0, ARGV[1], '0'})
 end
 local lease_exp = tonumber(job[3]) or 0
 if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end
@@ -41,5 +39,6 @@ local lease_ms = tonumber(job[4] or '')
 if lease_ms then
   lease_exp = now + lease_ms
   redis.call('HSET', KEYS[1], 'lease_exp', fmt(lease_exp))
+  return done({0, fmt(fence), fmt(lease_exp)})
 end
 return {0, fmt(fence), fmt(lease_exp)}

@@ -2,22 +2,19 @@
   Record a rejection decided outside Redis (a bad token signature): read the
   fence and write the audit entry in one step.
 
-  Input:
+  Input (the prelude's trailer follows):
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] job audit stream  fg:{t/j}:audit
-    KEYS[3] durability marker of this slot  fg:marker:{<slot tag>}
     ARGV[1] reason (problem code)   ARGV[2] generation presented ('' if unreadable)
     ARGV[3] job id   ARGV[4] step ('' if none)   ARGV[5] worker id ('' if none)
     ARGV[6] adapter ('' if none)   ARGV[7] tenant   ARGV[8] retention, seconds
 
   Output:
-    {8}   the slot's durability marker is missing: nothing written
     {9, reason, presented, current, audit_id, ''}
 ]]
-if redis.call('EXISTS', KEYS[3]) == 0 then return {8} end
 local now = now_ms()
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
 local id = audit(KEYS[2], KEYS[1], ARGV[8], now, {
   'tenant', ARGV[7], 'job_id', ARGV[3], 'step', ARGV[4], 'reason', ARGV[1],
   'presented', ARGV[2], 'current', fmt(fence), 'worker_id', ARGV[5], 'adapter', ARGV[6]})
-return {9, ARGV[1], ARGV[2], fmt(fence), id, ''}
+return done({9, ARGV[1], ARGV[2], fmt(fence), id, ''})

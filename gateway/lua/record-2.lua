@@ -1,0 +1,46 @@
+--[[
+  Record the outcome of a dispatch, only for the dispatch that holds the step.
+  A dispatch that started under generation g is recorded even if g+1 was
+  registered meanwhile: the effect happened.
+
+  Input (the prelude's trailer follows):
+    KEYS[1] effect hash   fg:{t/j}:fx:<step>
+    KEYS[2] relay queue of this slot  fg:rq:{<s>}
+    ARGV[1] dispatch id returned by admit or the relay's claim
+    ARGV[2] new state: 'succeeded' | 'failed' | 'unknown' | 'released'
+    ARGV[3] result JSON ('' for none)
+    ARGV[4] error JSON ('' for none)
+    ARGV[5] retention, seconds
+    ARGV[6] queue member (JSON [tenant, job, step])
+    ARGV[7] when a relay dispatch that ended 'released' is due again, ms
+
+  Output:
+    {0, due_ms}  recorded; due_ms is the relay's next attempt ('' when none)
+    {1, state}   lost: another dispatch holds the step, or it was resolved meanwhile
+
+  An outcome drops the stored payload and the queue entry, except a relay dispatch
+  that ended 'released' (known not delivered): it stays queued for another attempt,
+  which re-checks the fence when it claims.
+]]
+local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'relay')
+if fx[1] ~= ARGV[1] or (fx[2] ~= 'dispatching' and fx[2] ~= 'unknown') then
+  return {1, fx[2] or ''}
+end
+local now = now_ms()
+local state = ARGV[2]
+redis.call('HSET', KEYS[1], 'state', state, 'updated_at', fmt(now), 'deadline', '0')
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[3]) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[4]) end
+-- an outcome is the whole story: no error left over from an earlier attempt
+if state == 'succeeded' then redis.call('HDEL', KEYS[1], 'error') end
+if state == 'failed' then redis.call('HDEL', KEYS[1], 'result') end
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+local due = ''
+if state == 'released' and fx[3] == '1' then
+  due = ARGV[7]
+  redis.call('ZADD', KEYS[2], due, ARGV[6])
+else
+  redis.call('HDEL', KEYS[1], 'payload', 'payload_sha', 'relay')
+  redis.call('ZREM', KEYS[2], ARGV[6])
+end
+return done({0, due})

@@ -1,0 +1,38 @@
+--[[
+  Give up an admit whose reply never came (a timeout, a dropped connection that
+  could not be re-sent): nothing was sent for it, so it must not hold the step.
+
+  Input (the prelude's trailer follows):
+    KEYS[1] effect hash   fg:{t/j}:fx:<step>
+    KEYS[2] relay queue of this slot  fg:rq:{<s>}
+    KEYS[3] the admit's request key   fg:{t/j}:req:<admit's request id>
+    ARGV[1] the admit's dispatch id (its request id)   ARGV[2] retention, seconds
+
+  Output:
+    {0, 'voided'}    the admit had not run: it never will (it finds {10} remembered)
+    {0, 'released'}  it had run and held the step for a dispatch that never started:
+                     released (known not delivered; a relay step stays queued)
+    {0, 'unknown'}   it had run to resolve an unknown step: the step is unknown again
+    {1, what}        nothing to undo: the admit did not take the step ('answered'),
+                     or queued it for the relay ('queued'), or the step moved on
+]]
+local prior = redis.call('GET', KEYS[3])
+if not prior then
+  redis.call('SET', KEYS[3], cjson.encode({10}), 'PX', REQ_TTL)
+  return done({0, 'voided'})
+end
+local verdict = cjson.decode(prior)
+if verdict[1] == 4 then return {1, 'queued'} end
+if verdict[1] ~= 0 then return {1, 'answered'} end
+local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state')
+if fx[1] ~= ARGV[1] or fx[2] ~= 'dispatching' then return {1, fx[2] or ''} end
+local now = now_ms()
+if verdict[5] == '1' then
+  -- it was resolving an unknown step: the step is as unknown as it was
+  redis.call('HSET', KEYS[1], 'state', 'unknown', 'updated_at', fmt(now), 'deadline', '0')
+  return done({0, 'unknown'})
+end
+redis.call('HSET', KEYS[1], 'state', 'released', 'updated_at', fmt(now), 'deadline', '0',
+  'error', '{"reason":"the gateway lost the admit\'s reply and gave the call up: nothing was sent"}')
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return done({0, 'released'})
