@@ -8,28 +8,32 @@ Every step is ONE call of :class:`gateway.store.Store` against a real
 redis-server (at most one Lua script per step: each script is atomic, so the
 interleavings are over steps), or one gateway-side action (a downstream send).
 Each step function names the service code it mirrors (``gateway/service.py``
-as of d36082e).
+of fe3ffa8 and after: the relay under the fence, re-send-safe scripts).
 
 Faults on the wire are injected by :class:`Wire`, which stands where
 :class:`gateway.batching.Batcher` stands: ``lost`` runs the script, drops the
 reply and runs the very same EVALSHA again (what the batcher does after a
 connection error: the script already ran), ``timeout`` runs the script and
-raises a timeout (the caller sees ``StoreUnavailable`` and does not re-send).
+raises a timeout (the store marks it ``maybe_applied``; the service sends it
+again later, with the same request id, as its own step).
 
-Time. The scripts read the Redis clock (``TIME``); they get a dispatch timeout
-of one hour, so no deadline passes on its own during a run, and the explorer's
-``advance`` action makes time pass by rewriting every stored dispatch deadline
-into the past (:func:`Driver.expire_deadlines`) and marking the gateway-side
-deadlines of the steps in flight as passed. The only other clocks are the
-gateway's (relay queue scores, the relay's admit grace): they are logical
-milliseconds owned by the explorer (``now``), so every run is exact and
-reproducible.
+Time. Everything runs on the real clocks, as the service does (Redis ``TIME``
+in the scripts, ``time.time()`` for queue hints), but every timer is an hour
+long: the dispatch timeout the scripts get, the relay's retry delay. So no
+timer fires during a run, and the explorer's ``advance`` action is the only
+way time passes: it fires every timer at once (:meth:`Driver.advance`: stored
+deadlines into the past, every future queue score and hint due; the gateway
+side marks its in-flight deadlines passed and its sweep due). Queue scores
+enter the state as due / later, so runs are exact and reproducible.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,7 +52,7 @@ from gateway.errors import (
     StoreUnavailable,
 )
 from gateway.intents import intent_digest
-from gateway.keys import RELAY, JobKeys, audit_feed
+from gateway.keys import JobKeys, relay_hint
 from gateway.records import Admitted, InProgress, Queued, RelayClaim, Replay
 from gateway.records import Unknown as UnknownVerdict
 from gateway.store import Store
@@ -57,14 +61,20 @@ TENANT, JOB = "t", "j"
 KEYS = JobKeys(TENANT, JOB)
 ADAPTER, OPERATION = "hook", "refund"
 
-REDIS_DISPATCH_MS = 3_600_000  # what the scripts get: deadlines never pass by themselves
-DISPATCH_MS = 30_000  # fencing.dispatch_timeout_seconds, on the logical clock
-ADMIT_GRACE_MS = 1_000  # EffectService(admit_grace_seconds=1): the smallest the app allows
-RELAY_RETRY_MS = 1_000  # _relay_one: a released step is queued again 1 s later
+HOUR_MS = 3_600_000
+REDIS_DISPATCH_MS = HOUR_MS  # the dispatch timeout the scripts get: no deadline passes alone
+RELAY_RETRY_MS = HOUR_MS  # service._RELAY_RETRY_MS (1 s): a released relay step is due again
 IN_PROGRESS_SLACK_MS = 50  # _relay_one: "look again after its deadline" + 50 ms
 RECORD_TRIES = 6  # _record: one try and len(_RECORD_BACKOFF) retries
-RELAY_BATCH = 32  # relay_forever(batch=32)
+CLAIM_TRIES = 3  # _claim: (0.0, 0.05, 0.2), then void
+RELAY_PER_TENANT = 16  # relay_forever(per_tenant=16)
 RETENTION_S = 7 * 86_400
+REQUEST_MEMORY_S = 3600  # redis.request_memory_seconds: no remembered reply expires in a run
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
 
 # What the downstream can do with a send (the explorer branches on each allowed one):
 #   ok       delivered, the adapter says Delivered            -> record succeeded
@@ -129,11 +139,13 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class WorkerLocal:
-    # sync:  start -> admitted -> sent -> done        async: start -> enqueued -> done
+    # start -> [resend ->] admitted -> sent -> done   (sync; "void" when a re-send gives up)
+    # start -> [resend ->] hint -> done               (async)
     pc: str = "start"
-    did: str = ""
+    did: str = ""  # the admit's dispatch id = its request id
+    rid: str = ""  # the record's request id (one for every try)
     auth: Auth | None = None
-    late: bool = False  # its gateway-side (monotonic) deadline has passed
+    late: bool = False  # an advance happened since it took the step / sent the admit
     outcome: str = ""
     tries: int = 0
     retries: int = 0
@@ -141,22 +153,25 @@ class WorkerLocal:
 
 @dataclass(frozen=True)
 class RelayLocal:
-    # idle -> batch -> (claimed -> sent ->) drop | reenq -> batch | idle
+    # idle -> (sweep | poll) -> batch -> claim [-> resend* -> void] -> claimed -> sent
+    #      -> hint | unhint -> batch | idle
     pc: str = "idle"
-    batch: tuple[tuple[str, int], ...] = ()  # (step, queued_ms) as relay_due returned them
+    sweep: bool = True  # relay_forever sweeps at start and every sweep_seconds
+    batch: tuple[str, ...] = ()  # the steps relay_due returned
     idx: int = 0
     did: str = ""
+    rid: str = ""
     gen: int = 0
     payload: str = ""
     auth: Auth | None = None
     late: bool = False
     outcome: str = ""
     tries: int = 0
-    due: int = 0
+    due: int = 0  # the hint's score (ms) for pc == "hint"
 
     @property
     def step(self) -> str:
-        return self.batch[self.idx][0]
+        return self.batch[self.idx]
 
 
 @dataclass
@@ -206,7 +221,7 @@ class Wire:
         self.names = names  # sha -> script name
         self.snapshot = snapshot
         self.mode = "ok"
-        self.replies: list[tuple[str, list[Any]]] = []  # every reply Redis gave, in order
+        self.replies: list[tuple[str, list[Any]]] = []  # every reply Redis gave (no counter)
         self.resends: list[Resend] = []
 
     def _eval(self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]) -> Any:
@@ -215,7 +230,7 @@ class Wire:
         except NoScriptError:
             assert source is not None
             reply = self.r.eval(source, len(keys), *keys, *args)
-        self.replies.append((self.names.get(sha, sha), reply))
+        self.replies.append((self.names.get(sha, sha), reply[1:]))  # {seq, code, ...}
         return reply
 
     async def evalsha(
@@ -226,9 +241,10 @@ class Wire:
         if mode == "lost":  # the connection dropped after the script ran: the batcher re-sends
             before = self.snapshot()
             second = self._eval(sha, source, keys, args)
-            self.resends.append(Resend(self.names[sha], reply, second, before, self.snapshot()))
+            name = self.names[sha]
+            self.resends.append(Resend(name, reply[1:], second[1:], before, self.snapshot()))
             return second
-        if mode == "timeout":  # the script ran; the caller gives up and never re-sends
+        if mode == "timeout":  # the script ran; the caller gets no reply
             raise RedisTimeoutError("model: no reply within redis.timeout_seconds")
         return reply
 
@@ -239,31 +255,36 @@ class Wire:
         pass
 
 
-# Which replies of which script mean "an audit entry was written" (I-audit counts them).
 def writes_audit(script: str, reply: list[Any]) -> bool:
+    """Whether a script's reply says it wrote an audit entry (I-audit counts them)."""
     code = int(reply[0])
     if code == 9:  # every rejection is audited by the script that decided it
         return True
+    if script == "admit-5" and code == 0:  # a superseded pending step
+        return bool(reply[5])
+    if script == "admit-5" and code == 4:
+        return bool(reply[1])
+    if script == "relay-4" and code == 3:  # released as superseded / lease_expired
+        return bool(reply[2])
     return script == "resolve-4" and code == 0  # operator_resolved_<outcome>
 
 
 def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
     """What a caller concludes from a script's reply (Store's conversion, in short): a
-    re-sent call must conclude the same (I-resend). Clock readings and audit ids are left
-    out (a second audit entry is I-audit's business)."""
+    re-sent call must conclude the same (I-resend). Clock readings are left out."""
     code = int(reply[0])
-    if code == 9:  # rejected: reason, presented, current
-        return (9, *reply[1:4])
+    if code == 9:  # rejected: reason, presented, current, audit id
+        return (9, *reply[1:5])
     if script == "admit-5":
-        if code == 0:  # Admitted(dispatch_id, fence, deadline, resolving)
-            return (0, *reply[1:])
-        if code in (4, 5):  # Queued: 202 either way ({4} new, {5} accepted again)
+        if code in (0, 4):  # Admitted(...) / Queued, with the superseded audit id
+            return (code, *reply[1:])
+        if code == 5:  # Queued: accepted again
             return ("queued",)
         if code == 2:  # InProgress(retry_after_ms = deadline - now)
             return (2,)
         rec = dict(zip(reply[1::2], reply[2::2], strict=True))  # Replay / Unknown
         return (code, rec.get("state"), rec.get("generation"), rec.get("intent_sha256"))
-    if script in ("register-3", "cancel-2"):  # 201 / 200 "already": the documented retry
+    if script in ("register-2", "cancel-1"):  # 201 / 200 "already": the documented retry
         return ("ok", *reply[1:])
     return tuple(reply)
 
@@ -290,33 +311,27 @@ class Driver:
             registration="required",
             dispatch_timeout_ms=REDIS_DISPATCH_MS,
             retention_seconds=RETENTION_S,
+            request_memory_seconds=REQUEST_MEMORY_S,
         )
         self.steps = tuple(steps)
         self.dedupes = dedupes  # the adapter's capabilities: dedupes_by_key, no lookup
         names = {sha: name for name, sha in self.store._shas.items()}
         self.wire = Wire(self.r, names, self.raw_state)
         self.store._batcher = self.wire  # type: ignore[assignment]
-        # Dispatch ids: unique per run and recognisable (the explorer maps them to holders).
+        # Dispatch and request ids: unique per run and recognisable (the explorer names them
+        # by the actor that holds them).
         self._ids = itertools.count(1)
         self._saved_id = store_module._dispatch_id
-        store_module._dispatch_id = lambda: f"d-{next(self._ids)}"
-        # every key a run can write (the slot marker is written once and never restored)
-        self.keys = (
-            KEYS.job,
-            KEYS.steps,
-            KEYS.audit,
-            RELAY,
-            audit_feed(TENANT),
-            *(KEYS.effect(s) for s in self.steps),
-        )
+        store_module._dispatch_id = self.new_id
+
+    def new_id(self) -> str:
+        return f"d-{next(self._ids)}"
 
     def mutate(self, script: str, old: str, new: str) -> None:
         """Load a deliberately broken variant of one script (mutation test of the explorer)."""
         src = self.store._sources[script]
         if old not in src:
-            raise LookupError(f"{old!r} is not in {script}")
-        import hashlib
-
+            raise LookupError(f"{old!r} is not in {script}: update the mutation")
         src = src.replace(old, new)
         sha = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
         self.store._sources[script] = src
@@ -325,9 +340,17 @@ class Driver:
 
     async def setup(self) -> None:
         """The initial state: the slot's durability marker, generation 1 registered."""
-        self.r.delete(*self.keys)
+        old = self.r.keys("fg:*")
+        if old:
+            self.r.delete(*old)
         self.r.set(KEYS.marker, "1")
+        self.before_step()
         await self.store.register(KEYS, 1, None)
+
+    def before_step(self) -> None:
+        # The store's high-water mark of the slot counter is gateway memory; exploring goes
+        # back to earlier states on purpose (a restore is not a lost write here).
+        self.store.slot_seen.clear()
 
     async def aclose(self) -> None:
         store_module._dispatch_id = self._saved_id
@@ -338,67 +361,50 @@ class Driver:
     # -- state of Redis: snapshot, restore, canonical view -------------------------------
 
     def read(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """Redis as data (as :meth:`raw_state`) and a DUMP of every key: one command."""
-        n = len(self.keys)
-        reply = self.rb.evalsha(self._read_sha, n, *self.keys)
-        dumps = {k: v for k, v in zip(self.keys, reply[:n], strict=True) if v is not None}
-        job, steps, audit, relay, feed, *fx = reply[n:]
-        raw = {
-            "job": _pairs(job),
-            "steps": set(steps),
-            "audit": [(i, _pairs(f)) for i, f in audit],
-            "relay": [(m, float(sc)) for m, sc in zip(relay[::2], relay[1::2], strict=True)],
-            "feed": [(i, _pairs(f)) for i, f in feed],
-            "fx": {st: _pairs(h) for st, h in zip(self.steps, fx, strict=True)},
-        }
-        return raw, dumps
+        """Every ``fg:*`` key as data (see :meth:`raw_state`) and its DUMP: one command."""
+        reply = self.rb.evalsha(self._read_sha, 0)
+        dumps: dict[str, str] = {}
+        keys: dict[str, tuple[str, Any]] = {}
+        for name, kind, dump, content in zip(*(reply[i::4] for i in range(4)), strict=True):
+            dumps[name] = dump
+            keys[name] = (kind, content)
+        return self._raw(keys), dumps
 
     def restore(self, dumps: dict[str, str]) -> None:
         """Put back a snapshot taken by :meth:`read`: one command."""
-        args = [dumps.get(k, "").encode("utf-8", "surrogateescape") for k in self.keys]
-        self.rb.evalsha(self._restore_sha, len(self.keys), *self.keys, *args)
-
-    def _queue_raw(self, pipe: Any) -> None:
-        pipe.hgetall(KEYS.job)
-        pipe.smembers(KEYS.steps)
-        pipe.xrange(KEYS.audit)
-        pipe.zrange(RELAY, 0, -1, withscores=True)
-        pipe.xrange(audit_feed(TENANT))
-        for s in self.steps:
-            pipe.hgetall(KEYS.effect(s))
-
-    def _raw(self, replies: list[Any]) -> dict[str, Any]:
-        job, steps, audit, relay, feed, *fx = replies
-        return {
-            "job": job,
-            "steps": steps,
-            "audit": audit,
-            "relay": relay,
-            "feed": feed,
-            "fx": dict(zip(self.steps, fx, strict=True)),
-        }
+        args = [x.encode("utf-8", "surrogateescape") for kv in dumps.items() for x in kv]
+        self.rb.evalsha(self._restore_sha, 0, *args)
 
     def raw_state(self) -> dict[str, Any]:
-        """Every key the protocol writes, as data (timestamps still in)."""
-        pipe = self.r.pipeline(transaction=False)
-        self._queue_raw(pipe)
-        return self._raw(pipe.execute())
+        return self.read()[0]
 
-    # fields whose value is a clock reading or a hash over one: ignored in the state
+    def _raw(self, keys: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+        def content(name: str, default: Any) -> Any:
+            return keys[name][1] if name in keys else default
+
+        raw: dict[str, Any] = {
+            "job": _pairs(content(KEYS.job, [])),
+            "audit": [(i, _pairs(f)) for i, f in content(KEYS.audit, [])],
+            "queue": _zset(content(KEYS.relayq, [])),  # the truth: per-slot relay queue
+            "hints": _zset(content(relay_hint(TENANT), [])),
+            "fx": {s: _pairs(content(KEYS.effect(s), [])) for s in self.steps},
+            "keys": keys,
+        }
+        return raw
+
     TIME_FIELDS = frozenset(
         {"updated_at", "created_at", "registered_at", "cancelled_at", "audit_head", "at", "prev"}
-        | {"hash", "job_audit_id", "attempts"}
+        | {"hash", "job_audit_id", "attempts", "audit_last"}
     )
-
     ID_FIELDS = frozenset({"dispatch_id"})  # values: ids the actors hold
 
-    def canonical(
-        self, raw: dict[str, Any], now: int, ids: dict[str, str] | None = None
-    ) -> tuple[Any, ...]:
-        """The Redis part of the explored state: clock readings dropped, deadlines as
-        live/past, queue scores relative to the logical now, dispatch ids named by the actor
-        that holds them (``ids``; any other id is an orphan). (``attempts`` is dropped too: no
-        script reads it, and relay retries would otherwise count without bound.)"""
+    def canonical(self, raw: dict[str, Any], ids: dict[str, str] | None = None) -> tuple[Any, ...]:
+        """The Redis part of the explored state, every ``fg:*`` key: clock readings (and the
+        slot counter, and ``attempts``, which no script reads) dropped, deadlines as
+        live/past, sorted-set scores as due/later, dispatch and request ids named by the
+        actor that holds them (``ids``). A remembered reply whose request id no actor holds
+        is left out: nothing will ever send that request again."""
+        t = now_ms()
 
         def fields(h: dict[str, str]) -> tuple[tuple[str, str], ...]:
             out = []
@@ -412,21 +418,41 @@ class Driver:
                 out.append((k, v))
             return tuple(out)
 
-        return (
-            fields(raw["job"]),
-            tuple(sorted(raw["steps"])),
-            tuple(fields(e) for _, e in raw["audit"]),
-            tuple(sorted((json.loads(m)[2], int(s) - now) for m, s in raw["relay"])),
-            tuple(fields(e) for _, e in raw["feed"]),
-            tuple((s, fields(h)) for s, h in raw["fx"].items()),
-        )
+        out = []
+        for name, (kind, c) in sorted(raw["keys"].items()):
+            if name == KEYS.marker:
+                out.append((name, "marker"))  # its value counts writes
+            elif ":req:" in name:
+                rid = name.rsplit(":", 1)[1]
+                if ids is None:
+                    out.append((name, c))
+                elif rid in ids:
+                    out.append(("req:" + ids[rid], _TIMES.sub("T", c)))
+            elif kind == "hash":
+                out.append((name, fields(_pairs(c))))
+            elif kind == "stream":
+                out.append((name, tuple(fields(_pairs(f)) for _, f in c)))
+            elif kind == "zset":
+                z = sorted((m, "due" if sc <= t else "later") for m, sc in _zset(c))
+                out.append((name, tuple(z)))
+            elif kind == "set":
+                out.append((name, tuple(sorted(c))))
+            else:
+                out.append((name, c))
+        return tuple(out)
 
-    def expire_deadlines(self) -> None:
-        """Time passes beyond every dispatch deadline stored so far (see the module doc)."""
+    def advance(self) -> None:
+        """Time passes beyond every timer set so far (see the module doc): stored dispatch
+        deadlines into the past, every future queue score and hint due."""
+        t = now_ms()
         for s in self.steps:
             d = self.r.hget(KEYS.effect(s), "deadline")
             if d is not None and deadline_class(d) == "live":
                 self.r.hset(KEYS.effect(s), "deadline", "1")
+        for z in (KEYS.relayq, relay_hint(TENANT)):
+            for m, sc in self.r.zrange(z, 0, -1, withscores=True):
+                if sc > t:
+                    self.r.zadd(z, {m: t})
 
     def before(self, step: str) -> tuple[str, bool]:
         """The step's state (and whether an operator resolved it) before a script runs."""
@@ -441,12 +467,15 @@ class Driver:
         (fence, cancelled), pinned = pipe.execute()
         return Auth(by, gen, int(fence or 0), cancelled == "1", pinned or "", *before)
 
-    # -- worker: EffectService.perform -> _dispatch -> _send -> _record -> _respond ---------
+    # -- worker: EffectService.perform -> _admit -> _dispatch -> _send -> _record ----------
 
     async def worker_admit(self, w: WorkerSpec, local: WorkerLocal) -> tuple[WorkerLocal, Effects]:
-        """perform(): the admit (async: with the payload, after relay_enqueue)."""
+        """perform() -> _admit(): the admit, its dispatch id = its request id; a re-send (pc
+        "resend") carries the same one."""
         pj = payload_json(w.body) if w.mode == "async" else ""
         before = self.before(w.step)
+        did = local.did or self.new_id()
+        resend = " (sent again)" if local.pc == "resend" else ""
         try:
             v = await self.store.admit(
                 KEYS,
@@ -458,32 +487,47 @@ class Driver:
                 worker_id=w.name,
                 resolvable=self.dedupes,
                 payload_json=pj,
+                dispatch_id=did,
             )
-        except StoreUnavailable:
-            return self._finish(w, local, "503 store_unavailable", retry=True)
+        except StoreUnavailable as exc:
+            if exc.maybe_applied:  # _admit: sent again with the same id, until the grace
+                return replace(local, pc="resend", did=did), Effects(f"admit{resend}: no reply")
+            return self._finish(w, local, f"admit{resend}: 503 store_unavailable", retry=True)
         except Rejection as exc:
-            fx = self._finish(w, local, f"409 {exc.code}")
-            fx[1].rejections_seen.append(exc.code)
-            return fx
+            done, fx = self._finish(w, local, f"admit{resend}: 409 {exc.code}")
+            fx.rejections_seen.append(exc.code)
+            return done, fx
         if isinstance(v, Admitted):
             auth = self.authority("admit", w.gen, w.step, before)
             res = " resolving" if v.resolving else ""
             return replace(local, pc="admitted", did=v.dispatch_id, auth=auth), Effects(
-                f"admitted{res}"
+                f"admit{resend}: admitted{res}"
             )
-        if isinstance(v, Queued):
-            acks = [("async", w.step, w.gen, digest(w.body))]
-            return replace(local, pc="done"), Effects(f"202 {v.state}", acks=acks)
+        if isinstance(v, Queued):  # 202 after the hint
+            return replace(local, pc="hint", did=""), Effects(f"admit{resend}: queued {v.state}")
         if isinstance(v, Replay):
             st = v.record.state
             code = "200 replayed" if st == "succeeded" else f"424 replayed {st}"
-            done, fx = self._finish(w, local, code)
+            done, fx = self._finish(w, local, f"admit{resend}: {code}")
             fx.acks.append(("fx", w.step, st))
             return done, fx
         if isinstance(v, InProgress):
-            return self._finish(w, local, "409 effect_in_progress", retry=True)
+            return self._finish(w, local, f"admit{resend}: 409 effect_in_progress", retry=True)
         assert isinstance(v, UnknownVerdict)
-        return self._finish(w, local, "409 outcome_unknown")
+        return self._finish(w, local, f"admit{resend}: 409 outcome_unknown")
+
+    async def worker_give_up(
+        self, w: WorkerSpec, local: WorkerLocal
+    ) -> tuple[WorkerLocal, Effects]:
+        """_admit past its grace: async -> 503 "may have been queued"; sync -> void the admit
+        (Store.void; if Redis does not answer, the process retries it later: retry_voids)."""
+        if w.mode == "async":
+            return self._finish(w, replace(local, did=""), "503 (the call may have been queued)")
+        try:
+            what = await self.store.void(KEYS, w.step, local.did)
+        except StoreUnavailable:
+            return replace(local, pc="void"), Effects("void: no reply (retried later)")
+        return self._finish(w, replace(local, did=""), f"void: {what}; 503 store_unavailable")
 
     def _finish(
         self, w: WorkerSpec, local: WorkerLocal, text: str, *, retry: bool = False
@@ -492,12 +536,13 @@ class Driver:
         # caller may retry a 503) with the same intent: a new call from the start.
         if retry and local.retries < w.retries:
             return WorkerLocal(retries=local.retries + 1), Effects(text + " (will retry)")
-        return replace(local, pc="done"), Effects(text)
+        return replace(local, pc="done", did="", rid=""), Effects(text)
 
-    async def worker_enqueue(self, w: WorkerSpec, now: int) -> Effects:
-        """perform(respond_async=True) on d36082e: relay_enqueue BEFORE the admit."""
-        await self.store.relay_enqueue(KEYS, w.step, now)
-        return Effects("relay_enqueue")
+    async def worker_hint(self, w: WorkerSpec, local: WorkerLocal) -> tuple[WorkerLocal, Effects]:
+        """perform(respond_async): relay_hint after the admit queued the step; then 202."""
+        await self.store.relay_hint(KEYS, w.step, now_ms())
+        acks = [("async", w.step, w.gen, digest(w.body))]
+        return replace(local, pc="done"), Effects("relay_hint; 202 pending", acks=acks)
 
     # -- the send, shared by the worker and the relay (_dispatch -> _send) -------------
 
@@ -509,26 +554,31 @@ class Driver:
         s = Send(step, gen, pj, digest(json.loads(pj)), delivered, by, auth)
         return Effects(f"send gen={gen} {pj} -> {outcome}", sends=[s])
 
-    async def record(
-        self, step: str, did: str, outcome: str
-    ) -> tuple[bool | None, str]:  # held (None: store unavailable), state
-        """_record: one try of record-1 (the caller retries StoreUnavailable)."""
+    async def record(self, step: str, did: str, rid: str, outcome: str) -> tuple[bool | None, str]:
+        """_record: one try of record-2 (held; None: no answer, the caller tries again with
+        the same request id)."""
         state = RECORDS[outcome]
         result = {"n": 1} if state == "succeeded" else None
         error = None if state == "succeeded" else {"reason": outcome}
         try:
-            held = await self.store.record(KEYS, step, did, state, result=result, error=error)  # type: ignore[arg-type]
+            held, _ = await self.store.record(
+                KEYS, step, did, state, result=result, error=error,  # type: ignore[arg-type]
+                request_id=rid, retry_due_ms=now_ms() + RELAY_RETRY_MS,
+            )  # fmt: skip
         except StoreUnavailable:
             return None, state
         return held, state
 
     async def worker_record(self, w: WorkerSpec, local: WorkerLocal) -> tuple[WorkerLocal, Effects]:
         """_dispatch: record the outcome, then _respond."""
-        held, state = await self.record(w.step, local.did, local.outcome)
+        rid = local.rid or self.new_id()
+        held, state = await self.record(w.step, local.did, rid, local.outcome)
         if held is None:
             if local.tries + 1 < RECORD_TRIES:
-                return replace(local, tries=local.tries + 1), Effects("record: 503, retrying")
-            return replace(local, pc="done"), Effects("record gave up: 504 unrecorded")
+                return replace(local, rid=rid, tries=local.tries + 1), Effects(
+                    "record: no reply, trying again"
+                )
+            return replace(local, pc="done", did="", rid=""), Effects("record gave up: 504")
         lost = "" if held else " (lost the step)"
         text = {
             "succeeded": "200 succeeded",
@@ -543,67 +593,105 @@ class Driver:
             fx.acks.append(("fx", w.step, state))
         return done, fx
 
-    # -- relay: EffectService.relay_forever / _relay_one ------------------------------
+    # -- relay: EffectService.relay_forever / _claim / _relay_one ----------------------
 
-    async def relay_poll(self, local: RelayLocal, now: int) -> tuple[RelayLocal, Effects]:
-        """relay_forever: relay_due(now, batch)."""
+    async def relay_sweep(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """relay_forever -> Store.sweep, on the one slot a model job lives in: hint every due
+        entry of the slot's queue (the same calls Store.sweep makes for that slot)."""
+        rows = await self.aclient.zrangebyscore(
+            KEYS.relayq, "-inf", now_ms(), start=0, num=100, withscores=True
+        )
+        for member, score in rows:
+            tenant, job_id, step = json.loads(member)
+            await self.store.relay_hint(JobKeys(tenant, job_id), step, int(score))
+        found = ",".join(json.loads(m)[2] for m, _ in rows) or "nothing"
+        return replace(local, sweep=False), Effects(f"sweep: {found}")
+
+    async def relay_poll(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """relay_forever: relay_due(now, per_tenant)."""
         try:
-            due = await self.store.relay_due(now, RELAY_BATCH)
+            due = await self.store.relay_due(now_ms(), RELAY_PER_TENANT)
         except StoreUnavailable:
             return local, Effects("relay_due: 503")
-        batch = tuple((step, queued) for _, step, queued in due)
+        batch = tuple(step for _, step, _ in due)
         if not batch:
             return local, Effects("relay_due: nothing")
-        steps = ",".join(s for s, _ in batch)
-        return replace(local, pc="batch", batch=batch, idx=0), Effects(f"relay_due: {steps}")
+        return replace(local, pc="batch", batch=batch, idx=0), Effects(
+            f"relay_due: {','.join(batch)}"
+        )
 
     def relay_next(self, local: RelayLocal) -> RelayLocal:
         if local.idx + 1 < len(local.batch):
-            return replace(RelayLocal(), pc="batch", batch=local.batch, idx=local.idx + 1)
-        return RelayLocal()
+            return RelayLocal(pc="batch", sweep=local.sweep, batch=local.batch, idx=local.idx + 1)
+        return RelayLocal(sweep=local.sweep)
 
-    async def relay_claim(self, local: RelayLocal, now: int) -> tuple[RelayLocal, Effects]:
-        """_relay_one: relay_claim, then what its answer means."""
-        step, queued = local.batch[local.idx]
+    async def relay_claim(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """_relay_one -> _claim: relay_claim (a re-send, pc "resend", carries the same id)."""
+        step = local.step
         before = self.before(step)
+        did = local.did or self.new_id()
+        again = " (sent again)" if local.pc == "resend" else ""
         try:
-            c = await self.store.relay_claim(KEYS, step)
-        except StoreUnavailable:  # relay_forever: `except StoreUnavailable: due = []`
-            return RelayLocal(), Effects(f"relay_claim {step}: 503")
-        if isinstance(c, str):
-            if c == "" and now - queued < ADMIT_GRACE_MS:  # a young entry: its admit may land
-                return self.relay_next(local), Effects(f"relay_claim {step}: no record, young")
-            return replace(local, pc="drop"), Effects(f"relay_claim {step}: nothing ({c!r})")
+            c = await self.store.relay_claim(KEYS, step, did)
+        except StoreUnavailable as exc:
+            if exc.maybe_applied and local.tries + 1 < CLAIM_TRIES:
+                return replace(local, pc="resend", did=did, tries=local.tries + 1), Effects(
+                    f"relay_claim {step}{again}: no reply"
+                )
+            if exc.maybe_applied:
+                return replace(local, pc="void", did=did), Effects(
+                    f"relay_claim {step}{again}: no reply, giving up"
+                )
+            return self.relay_next(local), Effects(f"relay_claim {step}{again}: 503")
+        if isinstance(c, str):  # nothing to send: the step left the queue
+            return replace(local, pc="unhint", did=""), Effects(
+                f"relay_claim {step}{again}: nothing ({c})"
+            )
         if isinstance(c, int):  # someone dispatches it: look again after its deadline
-            due = now + DISPATCH_MS + IN_PROGRESS_SLACK_MS
-            return replace(local, pc="reenq", due=due), Effects(f"relay_claim {step}: in progress")
+            return replace(local, pc="hint", did="", due=c + IN_PROGRESS_SLACK_MS), Effects(
+                f"relay_claim {step}{again}: in progress"
+            )
         assert isinstance(c, RelayClaim)
         auth = self.authority("relay_claim", c.generation, step, before)
         pj = payload_json(c.payload)
-        return replace(
+        claimed = replace(
             local, pc="claimed", did=c.dispatch_id, gen=c.generation, payload=pj, auth=auth
-        ), Effects(f"relay_claim {step}: claimed gen={c.generation} {pj}")
+        )
+        return claimed, Effects(f"relay_claim {step}{again}: claimed gen={c.generation} {pj}")
+
+    async def relay_void(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """_claim gave up: Store.void (if Redis does not answer: retry_voids, later)."""
+        try:
+            what = await self.store.void(KEYS, local.step, local.did)
+        except StoreUnavailable:
+            return local, Effects("void: no reply (retried later)")
+        return self.relay_next(local), Effects(f"void: {what}")
 
     async def relay_record(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        """_relay_one -> _spawn -> _dispatch -> _record; released -> queued again 1 s later."""
-        held, state = await self.record(local.step, local.did, local.outcome)
+        """_relay_one -> _spawn -> _dispatch -> _record; released -> hinted again later."""
+        rid = local.rid or self.new_id()
+        held, state = await self.record(local.step, local.did, rid, local.outcome)
         if held is None:
             if local.tries + 1 < RECORD_TRIES:
-                return replace(local, tries=local.tries + 1), Effects("record: 503, retrying")
-            return replace(local, pc="drop"), Effects("record gave up (unrecorded)")
+                return replace(local, rid=rid, tries=local.tries + 1), Effects(
+                    "record: no reply, trying again"
+                )
+            return replace(local, pc="unhint", did="", rid=""), Effects("record gave up")
         lost = "" if held else " (lost the step)"
-        if state == "released":  # AdapterUnavailable: relay_enqueue(now + 1000)
-            return replace(local, pc="reenq", due=-1), Effects(f"record {state}{lost}")
-        return replace(local, pc="drop"), Effects(f"record {state}{lost}")
+        if state == "released":  # AdapterUnavailable: relay_hint(now + _RELAY_RETRY_MS)
+            return replace(local, pc="hint", did="", rid="", due=now_ms() + RELAY_RETRY_MS), (
+                Effects(f"record {state}{lost}")
+            )
+        return replace(local, pc="unhint", did="", rid=""), Effects(f"record {state}{lost}")
 
-    async def relay_drop(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        await self.store.relay_drop(KEYS, local.step)
-        return self.relay_next(local), Effects(f"relay_drop {local.step}")
+    async def relay_unhint(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        await self.store.relay_unhint(KEYS, local.step)
+        return self.relay_next(local), Effects(f"relay_unhint {local.step}")
 
-    async def relay_reenqueue(self, local: RelayLocal, now: int) -> tuple[RelayLocal, Effects]:
-        due = now + RELAY_RETRY_MS if local.due == -1 else local.due
-        await self.store.relay_enqueue(KEYS, local.step, due)
-        return self.relay_next(local), Effects(f"relay_enqueue {local.step} +{due - now}ms")
+    async def relay_hint(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        await self.store.relay_hint(KEYS, local.step, local.due)
+        later = "later" if local.due > now_ms() else "now"
+        return self.relay_next(local), Effects(f"relay_hint {local.step} ({later})")
 
     # -- scheduler and operator ----------------------------------------------------------
 
@@ -628,13 +716,10 @@ class Driver:
     async def resolve(self, step: str, delivered: bool) -> Effects:
         """POST .../resolve: the operator says what the downstream shows (truthfully)."""
         outcome = "delivered" if delivered else "not_delivered"
+        result = {"n": 1} if delivered else None
         try:
             rec = await self.store.resolve(
-                KEYS,
-                step,
-                delivered=delivered,
-                result={"n": 1} if delivered else None,
-                operator="op",
+                KEYS, step, delivered=delivered, result=result, operator="op"
             )
         except StoreUnavailable:
             return Effects(f"resolve {step} {outcome}: 503")
@@ -648,23 +733,32 @@ class Driver:
 # KEYS: job, steps, audit, relay, feed, fx... (Driver.keys order)
 _READ_LUA = """
 local out = {}
-for i, k in ipairs(KEYS) do out[i] = redis.call('DUMP', k) or false end
-local n = #KEYS
-out[n + 1] = redis.call('HGETALL', KEYS[1])
-out[n + 2] = redis.call('SMEMBERS', KEYS[2])
-out[n + 3] = redis.call('XRANGE', KEYS[3], '-', '+')
-out[n + 4] = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
-out[n + 5] = redis.call('XRANGE', KEYS[5], '-', '+')
-for i = 6, n do out[n + i] = redis.call('HGETALL', KEYS[i]) end
+for _, k in ipairs(redis.call('KEYS', 'fg:*')) do
+  local kind = redis.call('TYPE', k)['ok']
+  local c
+  if kind == 'hash' then c = redis.call('HGETALL', k)
+  elseif kind == 'stream' then c = redis.call('XRANGE', k, '-', '+')
+  elseif kind == 'zset' then c = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES')
+  elseif kind == 'set' then c = redis.call('SMEMBERS', k)
+  else c = redis.call('GET', k) end
+  out[#out + 1] = k
+  out[#out + 1] = kind
+  out[#out + 1] = redis.call('DUMP', k)
+  out[#out + 1] = c
+end
 return out
 """
 _RESTORE_LUA = """
-redis.call('DEL', unpack(KEYS))
-for i, k in ipairs(KEYS) do
-  if ARGV[i] ~= '' then redis.call('RESTORE', k, 0, ARGV[i]) end
-end
+local cur = redis.call('KEYS', 'fg:*')
+if #cur > 0 then redis.call('DEL', unpack(cur)) end
+for i = 1, #ARGV, 2 do redis.call('RESTORE', ARGV[i], 0, ARGV[i + 1]) end
 return 1
 """
+_TIMES = re.compile(r"\d{13}(-\d+)?")  # ms clock readings and stream ids in a remembered reply
+
+
+def _zset(flat: list[str]) -> list[tuple[str, float]]:
+    return [(m, float(sc)) for m, sc in zip(flat[::2], flat[1::2], strict=True)]
 
 
 def _pairs(flat: list[str]) -> dict[str, str]:

@@ -31,8 +31,6 @@ from typing import Any
 from gateway.embedded import EmbeddedRedis
 from tests.model import invariants as inv
 from tests.model.driver import (
-    ADMIT_GRACE_MS,
-    DISPATCH_MS,
     Driver,
     Effects,
     RelayLocal,
@@ -40,12 +38,10 @@ from tests.model.driver import (
     WorkerLocal,
     WorkerSpec,
     deadline_class,
+    now_ms,
     payload_json,
     writes_audit,
 )
-
-NOW0 = 1_000_000_000  # the logical clock's start (ms)
-ADVANCE_MS = DISPATCH_MS + 1_000  # past every dispatch deadline, admit grace and retry delay
 
 
 @dataclass(frozen=True)
@@ -61,8 +57,7 @@ class Scenario:
     faults: int = 0  # budget of wire faults (on script calls)
     fault_kinds: tuple[str, ...] = ("lost", "timeout")
     crashes: int = 0  # budget of gateway crashes (a worker's request dies; a relay restarts)
-    advances: int = 2  # budget of "time passes beyond every deadline"
-    narrow: bool = False  # also: Redis deadlines pass but the relay's own (later) one not yet
+    advances: int = 2  # budget of "time passes beyond every timer"
     dedupes: bool = False  # the downstream deduplicates by key (the adapter can resolve)
     hole: str = ""  # what this scenario is about (README)
 
@@ -84,7 +79,6 @@ class World:
     faults: int = 0
     crashes: int = 0
     advances: int = 0
-    now: int = NOW0
 
 
 @dataclass(frozen=True)
@@ -159,23 +153,25 @@ class Explorer:
     # -- state key --------------------------------------------------------------------
 
     def holders(self, world: World) -> dict[str, str]:
+        """Dispatch and request ids an actor holds -> its name."""
         out = {}
         for i, loc in enumerate(world.locals):
-            did = getattr(loc, "did", "")
-            if did:
-                out[did] = self.names[i]
+            for attr in ("did", "rid"):
+                if x := getattr(loc, attr, ""):
+                    out[x] = f"{self.names[i]}.{attr}"
         return out
 
     def key(self, world: World, raw: dict[str, Any]) -> bytes:
-        redis_part = self.d.canonical(raw, world.now, self.holders(world))
+        redis_part = self.d.canonical(raw, self.holders(world))
+        t = now_ms()
         locals_ = []
         for loc in world.locals:
             if isinstance(loc, WorkerLocal):
-                loc = replace(loc, did="mine" if loc.did else "")
+                loc = replace(loc, did="mine" if loc.did else "", rid="mine" if loc.rid else "")
             elif isinstance(loc, RelayLocal):
-                batch = tuple((s, q - world.now) for s, q in loc.batch)
-                due = loc.due - world.now if loc.due > 0 else loc.due
-                loc = replace(loc, did="mine" if loc.did else "", batch=batch, due=due)
+                due = 0 if not loc.due else (1 if loc.due <= t else 2)  # -, due, later
+                loc = replace(loc, did="mine" if loc.did else "", rid="mine" if loc.rid else "",
+                              due=due)  # fmt: skip
             locals_.append(loc)
         k = (
             redis_part,
@@ -195,37 +191,45 @@ class Explorer:
         scn = self.scn
         out: list[Move] = []
         script: list[Move] = []  # moves that run one script: faults may hit them
+        t = now_ms()
         for i, loc in enumerate(world.locals):
             if i < self.n_workers:
                 spec = scn.workers[i]
-                if loc.pc == "start":
+                pc = loc.pc
+                if pc == "start":
                     if ("fence", spec.gen) not in world.acks:
                         continue  # the worker has its token from an acknowledged register
-                    if spec.mode == "async":
-                        out.append(Move(i, "enqueue"))
-                    else:
-                        script.append(Move(i, "admit"))
-                elif loc.pc == "enqueued":
                     script.append(Move(i, "admit"))
-                elif loc.pc == "admitted":
+                elif pc == "resend":  # _admit re-sends until its grace is over, then gives up
+                    script.append(Move(i, "give_up" if loc.late else "admit"))
+                elif pc == "void":
+                    script.append(Move(i, "give_up"))
+                elif pc == "admitted":
                     out += [Move(i, "send", o) for o in self._outcomes(loc.late)]
-                elif loc.pc == "sent":
+                elif pc == "sent":
                     script.append(Move(i, "record"))
-                if loc.pc in ("enqueued", "admitted", "sent") and world.crashes:
+                elif pc == "hint":
+                    out.append(Move(i, "hint"))
+                if pc not in ("start", "done", "crashed") and world.crashes:
                     out.append(Move(i, "crash"))
             elif i < self.sched:
-                if loc.pc == "idle":
-                    if any(s <= world.now for _, s in raw["relay"]):
+                pc = loc.pc
+                if pc == "idle":
+                    if loc.sweep:
+                        out.append(Move(i, "sweep"))
+                    elif any(sc <= t for _, sc in raw["hints"]):
                         out.append(Move(i, "poll"))
-                elif loc.pc == "batch":
+                elif pc in ("batch", "resend"):
                     script.append(Move(i, "claim"))
-                elif loc.pc == "claimed":
+                elif pc == "void":
+                    script.append(Move(i, "void"))
+                elif pc == "claimed":
                     out += [Move(i, "send", o) for o in self._outcomes(loc.late)]
-                elif loc.pc == "sent":
+                elif pc == "sent":
                     script.append(Move(i, "record"))
-                elif loc.pc in ("drop", "reenq"):
-                    out.append(Move(i, loc.pc))
-                if loc.pc != "idle" and world.crashes:
+                elif pc in ("hint", "unhint"):
+                    out.append(Move(i, pc))
+                if pc != "idle" and world.crashes:
                     out.append(Move(i, "crash"))
             elif i == self.sched:
                 if loc <= scn.gens:
@@ -243,87 +247,88 @@ class Explorer:
         out += script
         if world.faults:
             out += [replace(m, fault=f) for m in script for f in scn.fault_kinds]
-        if world.advances and self._time_matters(world, raw):
+        if world.advances and self._time_matters(world, raw, t):
             out.append(Move(-1, "advance"))
-            if scn.narrow and any(
-                isinstance(x, RelayLocal) and x.pc == "claimed" and not x.late for x in world.locals
-            ):
-                out.append(Move(-1, "advance", "narrow"))
         return out
 
     def _outcomes(self, late: bool) -> Sequence[str]:
         return ("late",) if late else self.scn.outcomes
 
-    def _time_matters(self, world: World, raw: dict[str, Any]) -> bool:
+    def _time_matters(self, world: World, raw: dict[str, Any], t: int) -> bool:
+        """Whether an advance would change anything (else it is not offered)."""
         if any(deadline_class(h.get("deadline", "0")) == "live" for h in raw["fx"].values()):
             return True
-        if any(s > world.now - ADMIT_GRACE_MS for _, s in raw["relay"]):
-            return True  # a future entry, or a young one
-        return any(getattr(x, "pc", "") in ("admitted", "claimed") and not x.late
-                   for x in world.locals)  # fmt: skip
+        if any(sc > t for _, sc in raw["queue"] + raw["hints"]):
+            return True
+        for x in world.locals:
+            if isinstance(x, WorkerLocal) and x.pc in ("admitted", "resend") and not x.late:
+                return True
+            if isinstance(x, RelayLocal) and (not x.sweep or (x.pc == "claimed" and not x.late)):
+                return True
+        return False
 
     # -- one transition -----------------------------------------------------------------
 
     async def apply(self, world: World, m: Move) -> tuple[World, Effects]:
         d = self.d
+        d.before_step()
         d.wire.replies.clear()
         d.wire.resends.clear()
         d.wire.mode = m.fault
         locals_ = list(world.locals)
-        now = world.now
         if m.kind == "advance":
-            d.expire_deadlines()
+            d.advance()
             for i, loc in enumerate(locals_):
-                holds = (isinstance(loc, WorkerLocal) and loc.pc == "admitted") or (
-                    isinstance(loc, RelayLocal) and loc.pc == "claimed" and m.arg != "narrow"
-                )
-                if holds:  # the gateway-side deadline of a step in flight passes too
-                    locals_[i] = replace(loc, late=True)
-            text = "time passes every deadline" + (
-                " (not yet the relay's own)" if m.arg == "narrow" else ""
-            )
-            world = replace(world, locals=tuple(locals_), now=now + ADVANCE_MS,
-                            advances=world.advances - 1)  # fmt: skip
-            return world, Effects(text)
+                if isinstance(loc, WorkerLocal) and loc.pc in ("admitted", "resend"):
+                    locals_[i] = replace(loc, late=True)  # its deadline / admit grace passed
+                elif isinstance(loc, RelayLocal):  # its deadline passed; a sweep is due
+                    locals_[i] = replace(loc, late=loc.pc == "claimed" or loc.late, sweep=True)
+            world = replace(world, locals=tuple(locals_), advances=world.advances - 1)
+            return world, Effects("time passes: every deadline and timer")
         loc = locals_[m.actor]
         fx: Effects
         if m.kind == "crash":
-            locals_[m.actor] = (
-                RelayLocal() if isinstance(loc, RelayLocal) else replace(loc, pc="crashed", did="")
-            )
-            fx = Effects(
-                "gateway crashes" + (" (relay restarts)" if isinstance(loc, RelayLocal) else "")
-            )
+            if isinstance(loc, RelayLocal):
+                locals_[m.actor] = RelayLocal()  # a new gateway process: it sweeps first
+                fx = Effects("gateway crashes (its relay restarts)")
+            else:
+                locals_[m.actor] = replace(loc, pc="crashed", did="", rid="")
+                fx = Effects("gateway crashes")
             world = replace(world, crashes=world.crashes - 1)
         elif m.actor < self.n_workers:
             spec = self.scn.workers[m.actor]
-            if m.kind == "enqueue":
-                fx = await d.worker_enqueue(spec, now)
-                loc = replace(loc, pc="enqueued")
-            elif m.kind == "admit":
+            if m.kind == "admit":
                 loc, fx = await d.worker_admit(spec, loc)
+            elif m.kind == "give_up":
+                loc, fx = await d.worker_give_up(spec, loc)
             elif m.kind == "send":
-                fx = d.send(
-                    spec.name, spec.step, spec.gen, payload_json(spec.body), loc.auth, m.arg
-                )
+                pj = payload_json(spec.body)
+                fx = d.send(spec.name, spec.step, spec.gen, pj, loc.auth, m.arg)
                 loc = replace(loc, pc="sent", outcome=m.arg)
+            elif m.kind == "hint":
+                loc, fx = await d.worker_hint(spec, loc)
             else:
                 loc, fx = await d.worker_record(spec, loc)
             locals_[m.actor] = loc
         elif m.actor < self.sched:
-            if m.kind == "poll":
-                loc, fx = await d.relay_poll(loc, now)
+            name = self.names[m.actor]
+            if m.kind == "sweep":
+                loc, fx = await d.relay_sweep(loc)
+            elif m.kind == "poll":
+                loc, fx = await d.relay_poll(loc)
             elif m.kind == "claim":
-                loc, fx = await d.relay_claim(loc, now)
+                loc, fx = await d.relay_claim(loc)
+            elif m.kind == "void":
+                loc, fx = await d.relay_void(loc)
             elif m.kind == "send":
-                fx = d.send(self.names[m.actor], loc.step, loc.gen, loc.payload, loc.auth, m.arg)
+                fx = d.send(name, loc.step, loc.gen, loc.payload, loc.auth, m.arg)
                 loc = replace(loc, pc="sent", outcome=m.arg)
             elif m.kind == "record":
                 loc, fx = await d.relay_record(loc)
-            elif m.kind == "drop":
-                loc, fx = await d.relay_drop(loc)
+            elif m.kind == "hint":
+                loc, fx = await d.relay_hint(loc)
             else:
-                loc, fx = await d.relay_reenqueue(loc, now)
+                loc, fx = await d.relay_unhint(loc)
             locals_[m.actor] = loc
         elif m.kind == "register":
             nxt, fx = await d.register(m.arg)
@@ -389,7 +394,7 @@ class Explorer:
                     d.prior = raw
                     w2, fx = await self.apply(world, m)
                     # a send or a crash does not touch Redis: the next move needs no restore
-                    in_redis = key if m.kind in ("send", "crash") else None
+                    in_redis = key if m.kind in ("send", "crash") and m.actor >= 0 else None
                     rep.transitions += 1
                     raw2, snap = d.read()
                     ctx = inv.Ctx(d, fx.sends, w2.sends, w2.acks, w2.audit_expected, raw2,
@@ -516,7 +521,6 @@ LARGE = (
         crashes=1,
         resolves=1,
         advances=2,
-        narrow=True,
     ),
     Scenario(
         "large-relays",
@@ -526,7 +530,6 @@ LARGE = (
         crashes=1,
         resolves=1,
         advances=2,
-        narrow=True,
     ),
     Scenario(
         "large-dedupes",
@@ -585,15 +588,15 @@ async def explore_async(
     restore: str = "snapshot",
     max_states: int | None = None,
     keep_going: bool = False,
-    mutate: tuple[str, str, str] | None = None,
+    mutate: Sequence[tuple[str, str, str]] = (),
     out: Any = None,
 ) -> list[Report]:
     reports = []
     for scn in scenarios:
         d = Driver(url, dedupes=scn.dedupes, steps=scn.steps)
         try:
-            if mutate:
-                d.mutate(*mutate)
+            for script, old, new in mutate:
+                d.mutate(script, old, new)
             await d.store.load_scripts()
             rep = await Explorer(scn, d).run(
                 restore=restore, max_states=max_states, keep_going=keep_going

@@ -135,8 +135,8 @@ def i_resend(c: Ctx) -> str | None:
         if first != second:
             msg = f"re-sent {r.script} answered {r.second}, its first run {r.first}"
             return msg, f"{r.script}: another verdict"
-        before = c.driver.canonical(r.state_before, 0)
-        after = c.driver.canonical(r.state_after, 0)
+        before = c.driver.canonical(r.state_before)
+        after = c.driver.canonical(r.state_after)
         if before != after:
             msg = f"re-sent {r.script} changed Redis again: {_diff(before, after)}"
             return msg, f"{r.script}: ran twice"
@@ -147,7 +147,7 @@ def i_live(c: Ctx) -> str | None:
     """At quiescence nothing is stranded: no step `pending` without a relay queue entry,
     and no 202-accepted async call whose intent is still pinned on a `released` step that
     nothing will perform (no queue entry; not cancelled, superseded or operator-resolved)."""
-    queued = {_queue_step(m) for m, _ in c.raw["relay"]}
+    queued = {_queue_step(m) for m, _ in c.raw["queue"]}
     job = c.raw["job"]
     fence = int(job.get("fence") or 0)
     for step, h in c.raw["fx"].items():
