@@ -221,16 +221,33 @@ class Wire:
         self.names = names  # sha -> script name
         self.snapshot = snapshot
         self.mode = "ok"
-        self.replies: list[tuple[str, list[Any]]] = []  # every reply Redis gave (no counter)
+        self.replies: list[tuple[str, str, list[Any]]] = []  # (script, request id, reply)
         self.resends: list[Resend] = []
+        # request id -> (fence, cancelled, pinned intent, state before, resolved before) as
+        # the first run of an admit / relay claim saw them (ids are unique in a run)
+        self.ran: dict[str, tuple[int, bool, str, str, bool]] = {}
 
     def _eval(self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]) -> Any:
+        name = self.names.get(sha, sha)
+        rid = args[-4]  # the prelude's trailer: request id, memory, seen, audit key
+        fx = {"admit-5": keys[1], "relay-4": keys[0]}.get(name)
+        if fx and rid not in self.ran:  # what the authorising run sees before it runs
+            state, resolved = self.r.hmget(fx, "state", "resolved_by")
         try:
             reply = self.r.evalsha(sha, len(keys), *keys, *args)
         except NoScriptError:
             assert source is not None
             reply = self.r.eval(source, len(keys), *keys, *args)
-        self.replies.append((self.names.get(sha, sha), reply[1:]))  # {seq, code, ...}
+        if fx and rid not in self.ran:
+            # An authorising script's run, read right after it: a re-send of the same request
+            # gets its remembered reply, so the authority is this run's, not the re-send's.
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hmget(keys[0] if name == "admit-5" else keys[1], "fence", "cancelled")
+            pipe.hget(fx, "intent_sha256")
+            (fence, cancelled), pinned = pipe.execute()
+            self.ran[rid] = (int(fence or 0), cancelled == "1", pinned or "", state or "-",
+                             bool(resolved))  # fmt: skip
+        self.replies.append((name, rid, reply[1:]))  # {seq, code, ...}
         return reply
 
     async def evalsha(
@@ -304,7 +321,6 @@ class Driver:
         )
         self._read_sha = self.rb.script_load(_READ_LUA)
         self._restore_sha = self.rb.script_load(_RESTORE_LUA)
-        self.prior: dict[str, Any] = {}  # Redis before the step (set by the explorer)
         self.aclient = aioredis.Redis.from_url(url, decode_responses=True)
         self.store = Store(
             self.aclient,
@@ -454,18 +470,10 @@ class Driver:
                 if sc > t:
                     self.r.zadd(z, {m: t})
 
-    def before(self, step: str) -> tuple[str, bool]:
-        """The step's state (and whether an operator resolved it) before a script runs."""
-        h = self.prior["fx"][step]
-        return h.get("state") or "-", bool(h.get("resolved_by"))
-
-    def authority(self, by: str, gen: int, step: str, before: tuple[str, bool]) -> Auth:
-        """Fence, cancellation and pinned intent right after an authorising script ran."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hmget(KEYS.job, "fence", "cancelled")
-        pipe.hget(KEYS.effect(step), "intent_sha256")
-        (fence, cancelled), pinned = pipe.execute()
-        return Auth(by, gen, int(fence or 0), cancelled == "1", pinned or "", *before)
+    def authority(self, by: str, gen: int, rid: str) -> Auth:
+        """Fence, cancellation and pinned intent as the authorising script's run saw them."""
+        fence, cancelled, pinned, was, resolved = self.wire.ran[rid]
+        return Auth(by, gen, fence, cancelled, pinned, was, resolved)
 
     # -- worker: EffectService.perform -> _admit -> _dispatch -> _send -> _record ----------
 
@@ -473,7 +481,6 @@ class Driver:
         """perform() -> _admit(): the admit, its dispatch id = its request id; a re-send (pc
         "resend") carries the same one."""
         pj = payload_json(w.body) if w.mode == "async" else ""
-        before = self.before(w.step)
         did = local.did or self.new_id()
         resend = " (sent again)" if local.pc == "resend" else ""
         try:
@@ -498,7 +505,7 @@ class Driver:
             fx.rejections_seen.append(exc.code)
             return done, fx
         if isinstance(v, Admitted):
-            auth = self.authority("admit", w.gen, w.step, before)
+            auth = self.authority("admit", w.gen, did)
             res = " resolving" if v.resolving else ""
             return replace(local, pc="admitted", did=v.dispatch_id, auth=auth), Effects(
                 f"admit{resend}: admitted{res}"
@@ -628,7 +635,6 @@ class Driver:
     async def relay_claim(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
         """_relay_one -> _claim: relay_claim (a re-send, pc "resend", carries the same id)."""
         step = local.step
-        before = self.before(step)
         did = local.did or self.new_id()
         again = " (sent again)" if local.pc == "resend" else ""
         try:
@@ -652,7 +658,7 @@ class Driver:
                 f"relay_claim {step}{again}: in progress"
             )
         assert isinstance(c, RelayClaim)
-        auth = self.authority("relay_claim", c.generation, step, before)
+        auth = self.authority("relay_claim", c.generation, did)
         pj = payload_json(c.payload)
         claimed = replace(
             local, pc="claimed", did=c.dispatch_id, gen=c.generation, payload=pj, auth=auth
