@@ -478,7 +478,7 @@ DEFAULT = (
     Scenario(
         "crash-resolve",
         (A1, B2),
-        outcomes=("ok", "refused"),
+        outcomes=("ok",),
         crashes=1,
         resolves=1,
         advances=1,
@@ -502,6 +502,14 @@ DEFAULT = (
 
 LARGE = (
     *DEFAULT,
+    Scenario(
+        "crash-resolve-refused",
+        (A1, B2),
+        outcomes=("ok", "refused"),
+        crashes=1,
+        resolves=1,
+        advances=1,
+    ),
     Scenario(
         "crash-resolve-timeout",
         (A1, B2),
