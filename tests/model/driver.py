@@ -265,7 +265,8 @@ class Wire:
             raise RedisTimeoutError("model: no reply within redis.timeout_seconds")
         return reply
 
-    async def execute(self, *args: Any) -> Any:  # Batcher.execute: the audit feed copy
+    async def execute(self, *args: Any, resend: bool = True) -> Any:
+        """Batcher.execute: the audit feed copy (``resend`` only matters on a real wire)."""
         return self.r.execute_command(*args)
 
     async def aclose(self) -> None:
