@@ -24,6 +24,7 @@ from aiohttp import web
 from adapters.base import AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import appkeys as K
+from gateway import audit_anchor as anchors_module
 from gateway.auth import Authenticator
 from gateway.browser import GUARD, BrowserGuard
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
@@ -35,6 +36,7 @@ from gateway.problems import from_http_exception, problem_response
 from gateway.service import EffectService
 from gateway.settings import ConfigError, Settings, read_secret
 from gateway.store import Store, connect
+from gateway.tenancy import resolve_tenancy
 from gateway.tokens import TokenSigner
 
 __all__ = ["create_app"]
@@ -107,6 +109,7 @@ def create_app(
 ) -> web.Application:
     """Build the gateway. Adapter configs are validated here, before anything starts."""
     validate_configs(settings.adapters, secret)
+    tenancy = resolve_tenancy(settings)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         middlewares=[_request_middleware],
@@ -127,6 +130,8 @@ def create_app(
         except ValueError as exc:
             raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
 
+    audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
+
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(
             redis_url,
@@ -140,12 +145,20 @@ def create_app(
             retention_seconds=settings.fencing.retention_seconds,
             state_file=state_file,
             request_memory_seconds=settings.redis.request_memory_seconds,
+            audit_key=audit_keys[0] if audit_keys else "",
+        )
+        anchorer = anchors_module.Anchorer(
+            client, store.audit_touched, anchors_module.anchor_path(settings), audit_keys
         )
         try:
             await store.load_scripts()
-            result = await store.initialize(auto=True)
+            # an external Redis is initialised by `fencegate init` (or redis.auto_init)
+            write = not settings.redis.url or settings.redis.auto_init
+            result = await store.initialize(auto=True, write=write)
             if result == "stale_snapshot":
                 pass  # logged by the store; every dispatch fails closed until init
+            elif result == "uninitialised":
+                log.error("redis_not_initialised", detail=store.marker_missing_detail)
             elif result == "refused":
                 log.error(
                     "durability_marker_missing",
@@ -165,12 +178,28 @@ def create_app(
                 with contextlib.suppress(StoreUnavailable):
                     await store.heartbeat_epoch()
 
-        ticker = asyncio.create_task(epochs())
+        async def marks() -> None:
+            while True:
+                await asyncio.sleep(settings.redis.marks_interval_seconds)
+                try:
+                    await store.persist_marks()
+                except OSError as exc:
+                    log.error("state_file_write_failed", error=str(exc))
+
+        tickers = [asyncio.create_task(epochs()), asyncio.create_task(marks())]
+        anchorer.start(settings.audit.anchor_interval_seconds)
         yield
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
+        for ticker in tickers:
+            ticker.cancel()
+        for ticker in tickers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+        await anchorer.stop()  # the heads of the last interval, after the drain
         await store.aclose()
+        try:
+            await store.persist_marks()  # the marks of the last writes, after the last reply
+        except OSError as exc:
+            log.error("state_file_write_failed", error=str(exc))
         await client.aclose()
 
     async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -178,19 +207,18 @@ def create_app(
             connector=aiohttp.TCPConnector(limit=settings.redis.max_connections * 4),
             auto_decompress=True,
         )
-        adapters = build_adapters(settings.adapters, AdapterContext(http=http, secret=secret))
+        adapters = build_adapters(
+            tenancy.sections(settings.adapters), AdapterContext(http=http, secret=secret)
+        )
         app[K.ADAPTERS] = adapters
         app[K.SERVICE] = EffectService(
             app[K.STORE],
             adapters,
             app[K.METRICS],
             dispatch_timeout_seconds=settings.fencing.dispatch_timeout_seconds,
-            tenant_keyed=frozenset(
-                n for n, s in settings.adapters.items() if s.get("tenant_in_key")
-            ),
+            tenant_keyed=tenancy.keyed,
+            adapter_tenants=tenancy.allowed,
             crash_hook=crash_hook,
-            # how long an admit whose reply was lost is sent again to learn its verdict
-            admit_grace_seconds=max(1.0, 2 * settings.redis.timeout_seconds),
         )
         relay = asyncio.create_task(
             app[K.SERVICE].relay_forever(

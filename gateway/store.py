@@ -17,6 +17,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -35,8 +36,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway import durability
-from gateway.batching import Batcher
+from gateway import durability, statefile
+from gateway.audit_anchor import note_audit
+from gateway.batching import Batcher, NotSent
 from gateway.errors import (
     BadToken,
     EffectNotUnknown,
@@ -173,6 +175,20 @@ def _dispatch_id() -> str:
 new_request_id = _dispatch_id
 
 
+MARKER_MISSING = (
+    "Redis has lost fencegate's data (the durability marker of this job's slot is "
+    "missing): fences may be gone, so nothing is dispatched. An operator must run "
+    "`fencegate init --confirm-data-loss` and re-register current generations."
+)
+UNINITIALISED = (
+    "this Redis has no fencegate durability marker and the gateway does not initialise an "
+    "external Redis on its own: if it is new, run `fencegate init --config <this config>` once "
+    "(it refuses when this Redis or data dir held fencegate data before); if it was wiped or "
+    "replaced, fences may be gone: `fencegate init --confirm-data-loss`, then re-register "
+    "current generations. Nothing is dispatched until then."
+)
+
+
 def _optional_int(raw: str) -> int | None:
     return int(raw) if raw else None
 
@@ -194,9 +210,15 @@ class Store:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
         self._audit_key = audit_key
+        # Jobs whose audit chain got an entry in a reply seen here, with the newest such
+        # entry's id: the anchorer's to-do (gateway.audit_anchor).
+        self.audit_touched: dict[JobKeys, str] = {}
         # The highest value of each slot's marker seen in a reply (slot -> counter). A reply
         # below it means the slot went back in time: the script refuses ({8, 'behind'}).
         self.slot_seen: dict[int, int] = {}
+        self._persisted: dict[int, int] = {}  # the marks the state file held at the last write
+        # the detail of a 503 for a missing slot marker (a Redis never initialised: UNINITIALISED)
+        self.marker_missing_detail = MARKER_MISSING
         self._registration = registration
         self._dispatch_timeout_ms = str(dispatch_timeout_ms)
         self._retention = str(retention_seconds)
@@ -272,7 +294,7 @@ class Store:
         except _REDIS_FAILURES as exc:
             if (unavailable := _unavailable(exc)) is None:
                 raise
-            unavailable.maybe_applied = True
+            unavailable.maybe_applied = not isinstance(exc, NotSent)
             raise unavailable from exc
         seq = int(reply[0])
         if seq > seen:
@@ -294,27 +316,61 @@ class Store:
                     "must run `fencegate init --confirm-data-loss` and re-register current "
                     "generations."
                 )
-            raise StoreUnavailable(
-                "Redis has lost fencegate's data (the durability marker of this job's slot is "
-                "missing): fences may be gone, so nothing is dispatched. An operator must run "
-                "`fencegate init --confirm-data-loss` and re-register current generations."
-            )
+            raise StoreUnavailable(self.marker_missing_detail)
         del reply[0]
         return reply
 
     # -- durability marker ---------------------------------------------------
 
-    async def initialize(self, *, auto: bool, confirm_data_loss: bool = False) -> str:
-        """Write the durability markers when it is safe (see :mod:`gateway.durability`)."""
-        return await self._guard(
+    async def initialize(
+        self, *, auto: bool, confirm_data_loss: bool = False, write: bool = True
+    ) -> str:
+        """Write the durability markers when it is safe (see :mod:`gateway.durability`); first
+        take in the slot marks of the state file (a restart keeps its high-water marks)."""
+        self.load_marks()
+        result = await self._guard(
             lambda: durability.initialize(
-                self._client, self._state_file, auto=auto, confirm_data_loss=confirm_data_loss
+                self._client,
+                self._state_file,
+                auto=auto,
+                confirm_data_loss=confirm_data_loss,
+                write=write,
+                seen=self.slot_seen,
             )
         )
+        self.marker_missing_detail = UNINITIALISED if result == "uninitialised" else MARKER_MISSING
+        return result
+
+    def load_marks(self) -> None:
+        """Merge the state file's slot marks into :attr:`slot_seen` (per slot the maximum)."""
+        for slot, mark in durability.read_marks(self._state_file).items():
+            if mark > self.slot_seen.get(slot, 0):
+                self.slot_seen[slot] = mark
+
+    async def persist_marks(self) -> bool:
+        """Write the slot marks that rose since the last write to the state file (merged with
+        the other processes' under the file's lock; the file I/O runs in a thread). Returns
+        whether it wrote. The marks of other processes are read by :meth:`heartbeat_epoch`."""
+        if self._state_file is None:
+            return False
+        snapshot = dict(self.slot_seen)
+        if snapshot == self._persisted:
+            return False
+        done = self._persisted
+        rose = {slot: mark for slot, mark in snapshot.items() if done.get(slot) != mark}
+        await asyncio.to_thread(statefile.update, self._state_file, slots=rose)
+        self._persisted = snapshot
+        return True
 
     async def heartbeat_epoch(self) -> bool:
-        """Periodic epoch check (the app runs it every few seconds)."""
+        """Periodic check (the app runs it every ``redis.epoch_interval_seconds``): the slot
+        marks against Redis's markers, then the epoch."""
         if await self._guard(lambda: self._client.get(MARKER)) is None:
+            return False
+        self.marker_missing_detail = MARKER_MISSING  # initialised (by `fencegate init`) since
+        if not await self._guard(
+            lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
+        ):
             return False
         return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
 
@@ -341,6 +397,7 @@ class Store:
         Best effort: the entry is already in the job's stream, written atomically
         with the decision, so a failed copy must not turn a true 409 into a 503.
         """
+        note_audit(self.audit_touched, keys, audit_id)
         entry = {
             "at": audit_id.split("-")[0],
             "tenant": keys.tenant,
@@ -352,7 +409,9 @@ class Store:
         xadd = ("XADD", audit_feed(keys.tenant), "MINID", "~", min_id, "*")
         try:  # pipelined with this tick's scripts
             await self._guard(
-                lambda: self._batcher.execute(*xadd, *(x for kv in entry.items() for x in kv))
+                lambda: self._batcher.execute(
+                    *xadd, *(x for kv in entry.items() for x in kv), resend=False
+                )
             )
         except StoreUnavailable:
             log.warning("audit_feed_copy_failed", job_id=keys.job_id, audit_id=audit_id)
@@ -606,6 +665,7 @@ class Store:
 
     async def _copy_to_feed(self, keys: JobKeys, audit_id: str) -> None:
         """Copy an entry a script wrote as a side note (not a rejection it answers) to the feed."""
+        note_audit(self.audit_touched, keys, audit_id)
 
         async def read() -> list[tuple[str, dict[str, str]]]:
             rows = await self._client.xrange(keys.audit, audit_id, audit_id)
@@ -670,25 +730,25 @@ class Store:
 
     async def sweep(self, now_ms: int, per_slot: int = 100) -> int:
         """Hint every due entry of every slot's queue (a hint lost in a crash); returns how
-        many due entries were found."""
+        many due entries were found. 16,384 reads, packed by hiredis on the auto-pipeline."""
+        query = ("-inf", now_ms, "WITHSCORES", "LIMIT", 0, per_slot)
+        replies = await asyncio.gather(
+            *(self._batcher.execute("ZRANGEBYSCORE", relay_queue(s), *query) for s in range(SLOTS)),
+            return_exceptions=True,
+        )
         found = 0
-        chunk = 2048
-        for start in range(0, SLOTS, chunk):
-
-            async def read(start: int = start) -> list[list[tuple[str, float]]]:
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for slot in range(start, min(start + chunk, SLOTS)):
-                        pipe.zrangebyscore(
-                            relay_queue(slot), "-inf", now_ms, start=0, num=per_slot,
-                            withscores=True,
-                        )  # fmt: skip
-                    return await pipe.execute()
-
-            for rows in await self._guard(read):
-                for member, score in rows:
-                    tenant, job_id, step = json.loads(member)
-                    await self.relay_hint(JobKeys(tenant, job_id), step, int(score))
-                    found += 1
+        for rows in replies:
+            if isinstance(rows, BaseException):
+                if isinstance(rows, asyncio.CancelledError):
+                    raise rows
+                raise StoreUnavailable(f"the relay's sweep failed: {type(rows).__name__}")
+            # RESP3 answers [member, score] pairs; RESP2 a flat list
+            flat = not rows or not isinstance(rows[0], list)
+            pairs = zip(rows[::2], rows[1::2], strict=True) if flat else rows
+            for member, score in pairs:
+                tenant, job_id, step = json.loads(member)
+                await self.relay_hint(JobKeys(tenant, job_id), step, int(float(score)))
+                found += 1
         return found
 
     async def relay_claim(
@@ -761,9 +821,10 @@ class Store:
             effects=effects,
         )
 
-    async def verify_audit(self) -> AuditCheck:
-        """Recompute every job's audit hash chain (``fencegate audit verify``)."""
-        return await self._guard(lambda: durability.verify_audit(self._client))
+    async def verify_audit(self, **options: Any) -> AuditCheck:
+        """Recompute every job's audit hash chain and check anchors (``fencegate audit verify``;
+        ``options``: those of :func:`gateway.durability.verify_audit`)."""
+        return await self._guard(lambda: durability.verify_audit(self._client, **options))
 
     async def audit(
         self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None
