@@ -68,7 +68,7 @@ class Serve:
                 with urllib.request.urlopen(self.url("/readyz"), timeout=1) as r:
                     if r.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError):  # TimeoutError: load
                 pass
             time.sleep(0.05)
         raise AssertionError("gateway not ready: " + self.output())
