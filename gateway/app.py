@@ -15,22 +15,24 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from adapters.base import AdapterContext
+from adapters.base import Adapter, AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import appkeys as K
 from gateway.auth import Authenticator
+from gateway.bulkheads import HttpPools, scope_adapters
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.handlers import HOT_HANDLERS, ROUTES
 from gateway.logging import end_request, log_request, request_context
 from gateway.metrics import Metrics
 from gateway.openapi import build_openapi
 from gateway.problems import from_http_exception, problem_response
-from gateway.service import EffectService
+from gateway.quotas import QuotaedService, Quotas
 from gateway.settings import ConfigError, Settings, read_secret
 from gateway.store import Store, connect
 from gateway.tokens import TokenSigner
@@ -167,13 +169,22 @@ def create_app(
         await client.aclose()
 
     async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:
-        http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=settings.redis.max_connections * 4),
-            auto_decompress=True,
-        )
-        adapters = build_adapters(settings.adapters, AdapterContext(http=http, secret=secret))
+        # bulkheads: each adapter has its own bounded pools (one per tenant; gateway.bulkheads)
+        pools = {name: HttpPools(name, settings.bulkheads) for name in settings.adapters}
+        adapters: dict[str, Adapter] = {}
+        for name, section in settings.adapters.items():
+            http = cast(aiohttp.ClientSession, pools[name])  # stands in for a ClientSession
+            adapters.update(
+                build_adapters({name: section}, AdapterContext(http=http, secret=secret))
+            )
+        adapters = scope_adapters(adapters)
         app[K.ADAPTERS] = adapters
-        app[K.SERVICE] = EffectService(
+        quotas = Quotas(
+            app[K.STORE].client,
+            settings.quotas,
+            retention_seconds=settings.fencing.retention_seconds,
+        )
+        app[K.SERVICE] = QuotaedService(
             app[K.STORE],
             adapters,
             app[K.METRICS],
@@ -184,6 +195,7 @@ def create_app(
             crash_hook=crash_hook,
             # how long an admit whose reply was lost is sent again to learn its verdict
             admit_grace_seconds=max(1.0, 2 * settings.redis.timeout_seconds),
+            quotas=quotas,
         )
         relay = asyncio.create_task(
             app[K.SERVICE].relay_forever(
@@ -203,7 +215,8 @@ def create_app(
             log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
         for adapter in adapters.values():
             await adapter.aclose()
-        await http.close()
+        for pool in pools.values():
+            await pool.close()
 
     async def drain_on_shutdown(app: web.Application) -> None:
         """Runs before aiohttp waits for handlers: in-flight dispatches get the grace period,

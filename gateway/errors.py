@@ -13,6 +13,7 @@ gateway decided::
     ├── NotFound                  404 not_found
     ├── MethodNotAllowed          405 method_not_allowed
     ├── PayloadTooLarge           413 payload_too_large
+    ├── QuotaExceeded             429 quota_exceeded (Retry-After; audited)
     ├── Rejection                 409, carries presented/current; audited
     │   ├── StaleGeneration           stale_generation
     │   ├── UnregisteredGeneration    unregistered_generation
@@ -56,6 +57,7 @@ __all__ = [
     "NotFound",
     "OutcomeUnknown",
     "PayloadTooLarge",
+    "QuotaExceeded",
     "Rejection",
     "StaleGeneration",
     "StoreUnavailable",
@@ -141,6 +143,12 @@ class PayloadTooLarge(FencegateError):
     code = "payload_too_large"
     status = 413
     title = "Request body too large"
+
+
+class QuotaExceeded(FencegateError):
+    code = "quota_exceeded"
+    status = 429
+    title = "The tenant's quota is used up"
 
 
 class Rejection(FencegateError):
