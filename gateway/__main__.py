@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
-from aiohttp import web
 
 from adapters.registry import AdapterConfigError, validate_configs
 from gateway import __version__
@@ -248,13 +247,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             version=__version__,
         )
         _tame_gc()
-        web.run_app(
+        from gateway.connections import run_app
+
+        run_app(  # web.run_app with a connection cap, deadlines and JSON-only logs
             app,
             loop=loop,
             host=host,
             port=port,
-            print=None,
-            access_log=None,
+            settings=settings.connections,
             shutdown_timeout=settings.server.shutdown_grace_seconds,
             reuse_port=args.reuse_port or None,
         )

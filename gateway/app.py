@@ -26,6 +26,7 @@ from adapters.registry import build_adapters, validate_configs
 from gateway import appkeys as K
 from gateway.auth import Authenticator
 from gateway.bulkheads import HttpPools, scope_adapters
+from gateway.connections import GUARD, GuardSlot, body_deadline
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.handlers import HOT_HANDLERS, ROUTES
 from gateway.logging import end_request, log_request, request_context
@@ -105,8 +106,9 @@ def create_app(
     validate_configs(settings.adapters, secret)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        middlewares=[_request_middleware],
+        middlewares=[_request_middleware, body_deadline(settings.connections.body_timeout_seconds)],
     )
+    app[GUARD] = GuardSlot()  # `fencegate serve` puts its connection guard here
     app[K.SETTINGS] = settings
     app[K.METRICS] = Metrics()
     app[K.AUTH] = Authenticator(settings.auth.keys, secret)
