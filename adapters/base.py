@@ -13,19 +13,31 @@ outcome            meaning                                      step becomes
 ``Unknown``        may or may not have happened                 ``unknown``
 =================  ===========================================  =================
 
+``NotDelivered`` is a promise that the downstream did not act: the step is
+released and the next call sends it again. Return it only when that is proven —
+nothing was sent (the connection never opened, the deadline passed first), or
+the origin itself said so in a way nothing in between could fake after
+forwarding (Stripe's documented 409 idempotency conflict and 429, a status the
+deployment listed in a webhook's ``not_delivered_statuses``). Anything a proxy
+in front of the downstream may answer *after* forwarding — 502, 503, 504 —
+and a reset or timeout after sending is ``Unknown``: a downstream that
+``dedupes_by_key`` gets it again under the same key, one with ``lookup`` is
+asked, any other stays ``unknown`` for an operator.
+
 Adapters never take a URL, host, port or header from the request: where they
 send is fixed by configuration.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 __all__ = [
     "Adapter",
@@ -41,6 +53,9 @@ __all__ = [
     "Unknown",
     "describe",
 ]
+
+
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class InvalidPayload(ValueError):
@@ -62,8 +77,34 @@ class AdapterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: str
-    # Send "<tenant>/<job>:<step>" as the key, for a downstream shared by several tenants.
-    tenant_in_key: bool = False
+    # The tenants whose workers may use this adapter: ["a", "b"], or "*" (every tenant).
+    # Any other tenant is told the adapter does not exist (422 unknown_adapter).
+    tenants: tuple[str, ...] = ("*",)
+    # Downstream key "<tenant>/<job>:<step>" (true) or "<job>:<step>" (false). Unset, the
+    # gateway decides: tenant-qualified whenever the deployment has more than one tenant.
+    # In such a deployment false is refused at start (gateway.tenancy); the gateway hands
+    # every adapter the resolved value.
+    tenant_in_key: bool | None = None
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _tenants(cls, v: Any) -> Any:
+        if v == "*":
+            return ("*",)
+        if isinstance(v, (list, tuple)):
+            if not v:
+                raise ValueError('name at least one tenant, or "*" for every tenant')
+            for t in v:
+                if not isinstance(t, str) or not (t == "*" or _TENANT.fullmatch(t)):
+                    raise ValueError(f'{t!r} is not a tenant name (or "*")')
+            if "*" in v and len(v) > 1:
+                raise ValueError('"*" (every tenant) cannot be combined with tenant names')
+        return v
+
+    @property
+    def tenant_keyed(self) -> bool:
+        """Whether the downstream key (and label, Message-ID, metadata) carries the tenant."""
+        return bool(self.tenant_in_key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,6 @@ came back.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from adapters.base import NotDelivered, Unknown
+from gateway.fastjson import loads_exact
 
 __all__ = ["Response", "request", "send_trace"]
 
@@ -58,11 +58,12 @@ class Response:
 
 
 def _parse(raw: bytes, truncated: bool) -> Any:
-    """JSON if it is complete JSON, else text (a cut body is never parsed)."""
+    """JSON if it is complete JSON the gateway can store exactly, else text (a cut body is
+    never parsed; ``{"v": 1e999}`` or ``NaN`` stays the text it was, not ``null``)."""
     if raw and not truncated:
         try:
-            return json.loads(raw)
-        except ValueError:
+            return loads_exact(raw)
+        except (ValueError, RecursionError):
             pass
     return raw.decode("utf-8", "replace")
 

@@ -6,8 +6,12 @@ idempotency keys, so the key is carried as a **label**
 ``fencegate-<sha256(key)[:24]>`` on created issues and as a marker line in
 comments; :meth:`JiraAdapter.lookup` finds an earlier attempt's issue with a
 JQL search (or the issue's comments), which is how an ``unknown`` step is
-reconciled without a second ticket. Basic auth (``user_env`` + ``api_key_env``)
-or a Bearer token (``api_key_env`` alone), both from the environment.
+reconciled without a second ticket. Comments go only to issues of the configured
+project; with several tenants (``tenant_keyed``) issues also carry the label
+``fencegate-tenant-<tenant>`` and a comment is sent only to an issue with the
+caller's tenant label. Labels starting ``fencegate-`` are reserved. Basic auth
+(``user_env`` + ``api_key_env``) or a Bearer token (``api_key_env`` alone), both
+from the environment.
 
 ==========================================  ============
 Jira answered                               outcome
@@ -15,10 +19,14 @@ Jira answered                               outcome
 2xx                                         Delivered
 400, 404                                    Failed
 401/403 (fix credentials, retry)            NotDelivered
-429, 503                                    NotDelivered
-other 5xx, timeout / lost after sending     Unknown → lookup
+429 (rate limited, not processed)           NotDelivered
+5xx (503 too), timeout, lost after send     Unknown → lookup
 connection refused                          NotDelivered
 ==========================================  ============
+
+A 503 (like a 502 or 504) may come from a proxy in front of Jira after it
+forwarded the request, so it is ``Unknown`` and resolved by ``lookup`` on the
+next call — not released, which sent a second ticket without looking.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from adapters.base import (
     describe,
 )
 
-__all__ = ["JiraAdapter", "JiraConfig", "key_label"]
+__all__ = ["JiraAdapter", "JiraConfig", "key_label", "tenant_label"]
 
 
 class JiraConfig(AdapterConfig):
@@ -85,6 +93,11 @@ def key_label(key: str) -> str:
     return "fencegate-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
+def tenant_label(tenant: str) -> str:
+    """The label that marks an issue as created by one tenant (tenant names have no spaces)."""
+    return f"fencegate-tenant-{tenant}"
+
+
 class JiraAdapter:
     Config: ClassVar[type[JiraConfig]] = JiraConfig
 
@@ -109,10 +122,19 @@ class JiraAdapter:
             parsed = model.model_validate(dict(payload))
         except ValidationError as exc:
             raise InvalidPayload(describe(exc)) from exc
-        if isinstance(parsed, CreateIssue) and any(
-            not re.fullmatch(r"\S{1,255}", x) for x in parsed.labels
+        if isinstance(parsed, CreateIssue):
+            if any(not re.fullmatch(r"\S{1,255}", x) for x in parsed.labels):
+                raise InvalidPayload("labels must be 1 to 255 characters without spaces")
+            if any(x.lower().startswith("fencegate-") for x in parsed.labels):
+                # they mark an issue as one step's (lookup) and one tenant's (ownership)
+                raise InvalidPayload("labels starting with 'fencegate-' are reserved")
+        if isinstance(parsed, AddComment) and not parsed.issue_key.startswith(
+            self._config.project + "-"
         ):
-            raise InvalidPayload("labels must be 1 to 255 characters without spaces")
+            raise InvalidPayload(
+                f"issue_key {parsed.issue_key!r} is outside this adapter's project "
+                f"{self._config.project!r}"
+            )
 
     async def _call(
         self,
@@ -148,11 +170,16 @@ class JiraAdapter:
                 "summary": p.summary,
                 "description": f"{p.description}\n\n{marker}".strip(),
                 "issuetype": {"name": p.issue_type or self._config.default_issue_type},
-                "labels": [*p.labels, key_label(key)],
+                "labels": [*p.labels, key_label(key)]
+                + ([tenant_label(request.tenant)] if self._config.tenant_keyed else []),
             }
             resp = await self._call("POST", "/rest/api/2/issue", request, body={"fields": fields})
         else:
             c = AddComment.model_validate(dict(request.payload))
+            if self._config.tenant_keyed:
+                refused = await self._check_owner(request, c.issue_key)
+                if refused is not None:
+                    return refused
             body = {"body": f"{c.body}\n\n{marker}"}
             resp = await self._call(
                 "POST", f"/rest/api/2/issue/{c.issue_key}/comment", request, body=body
@@ -160,6 +187,32 @@ class JiraAdapter:
         if not isinstance(resp, http.Response):
             return resp
         return _classify(resp)
+
+    async def _check_owner(self, request: EffectRequest, issue_key: str) -> Outcome | None:
+        """With several tenants on one Jira project, a comment goes only onto an issue that
+        carries the tenant's label (created through fencegate by that tenant). None: go
+        ahead. Nothing is sent otherwise: a refusal is ``Failed``, no answer ``NotDelivered``."""
+        resp = await self._call(
+            "GET", f"/rest/api/2/issue/{issue_key}", request, params={"fields": "labels,project"}
+        )
+        if not isinstance(resp, http.Response):
+            return NotDelivered(f"ownership check of {issue_key} got no answer; nothing was sent")
+        if resp.status == 200 and isinstance(resp.body, dict):
+            fields = resp.body.get("fields") or {}
+            labels = fields.get("labels") or []
+            project = (fields.get("project") or {}).get("key", self._config.project)
+            if tenant_label(request.tenant) in labels and project == self._config.project:
+                return None
+            return Failed(
+                {
+                    "code": "foreign_object",
+                    "message": f"issue {issue_key} was not created by this tenant through "
+                    "fencegate; nothing was sent",
+                }
+            )
+        if resp.status == 404:
+            return Failed(resp.summary())
+        return NotDelivered(f"ownership check of {issue_key}: jira answered {resp.status}")
 
     async def lookup(self, request: EffectRequest) -> Delivered | NotDelivered | None:
         label = key_label(request.idempotency_key)
@@ -201,7 +254,7 @@ def _classify(resp: http.Response) -> Outcome:
     if 200 <= resp.status < 300:
         body = resp.body if isinstance(resp.body, dict) else {}
         return Delivered({k: body[k] for k in ("id", "key", "self") if k in body})
-    if resp.status in (401, 403, 429, 503):
+    if resp.status in (401, 403, 429):
         return NotDelivered(f"jira answered {resp.status}")
     if resp.status >= 500:
         return Unknown(f"jira answered {resp.status}")

@@ -1,7 +1,8 @@
 """``smtp``: email through any SMTP server (aiosmtplib).
 
 Operation ``send``; payload ``to`` (list), ``cc`` (list), ``subject``, ``text``,
-optional ``html`` and ``reply_to``. The Message-ID is derived from the
+optional ``html``, ``reply_to`` and ``from`` (only within the configured
+``allowed_sender_domains``; default: ``sender``). The Message-ID is derived from the
 idempotency key, so every attempt of a step carries the same one and receiving
 systems (and auditors) can spot a duplicate; ``X-Fencegate-Key`` and
 ``X-Fencegate-Generation`` headers are added too.
@@ -66,12 +67,23 @@ class SmtpConfig(AdapterConfig):
     use_tls: bool = False  # implicit TLS (port 465)
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     message_id_domain: str = "fencegate.local"
+    # A worker may set the payload's "from" to an address of one of these domains; empty:
+    # every message goes out from `sender` and a "from" in the payload is refused.
+    allowed_sender_domains: tuple[str, ...] = ()
 
     @field_validator("sender")
     @classmethod
     def _sender(cls, v: str) -> str:
         if not _ADDRESS.match(v):
             raise ValueError("sender must be a plain address like jobs@example.com")
+        return v
+
+    @field_validator("allowed_sender_domains")
+    @classmethod
+    def _domains(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for d in v:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9-]+)*", d):
+                raise ValueError(f"{d!r} is not a domain name like example.com")
         return v
 
 
@@ -104,6 +116,8 @@ class SendPayload(BaseModel):
     text: str = Field(max_length=1_000_000)
     html: str | None = Field(default=None, max_length=1_000_000)
     reply_to: str | None = None
+    # the From address; only within the adapter's allowed_sender_domains
+    sender: str | None = Field(default=None, alias="from")
 
     @field_validator("to", "cc")
     @classmethod
@@ -113,7 +127,7 @@ class SendPayload(BaseModel):
                 raise ValueError(f"{addr!r} is not a plain email address")
         return v
 
-    @field_validator("reply_to")
+    @field_validator("reply_to", "sender")
     @classmethod
     def _reply_to(cls, v: str | None) -> str | None:
         if v is not None and (_has_line_break(v) or not _ADDRESS.match(v)):
@@ -155,13 +169,21 @@ class SmtpAdapter:
         if operation != "send":
             raise InvalidPayload("the smtp adapter supports the operation 'send'")
         try:
-            SendPayload.model_validate(dict(payload))
+            parsed = SendPayload.model_validate(dict(payload))
         except ValidationError as exc:
             raise InvalidPayload(describe(exc)) from exc
+        if parsed.sender is not None:
+            domain = parsed.sender.rpartition("@")[2].lower()
+            allowed = [d.lower() for d in self._config.allowed_sender_domains]
+            if domain not in allowed:
+                raise InvalidPayload(
+                    f"from: {parsed.sender!r} is not in this adapter's sender domains "
+                    f"({', '.join(allowed) or f'none: it sends as {self._config.sender}'})"
+                )
 
     def _message(self, request: EffectRequest, p: SendPayload) -> EmailMessage:
         msg = EmailMessage()
-        msg["From"] = self._config.sender
+        msg["From"] = p.sender or self._config.sender
         msg["To"] = ", ".join(p.to)
         if p.cc:
             msg["Cc"] = ", ".join(p.cc)
@@ -199,7 +221,7 @@ class SmtpAdapter:
         try:
             await smtp.connect()
             phase = "envelope"
-            await smtp.mail(cfg.sender)
+            await smtp.mail(payload.sender or cfg.sender)
             for rcpt in recipients:
                 try:
                     await smtp.rcpt(rcpt)

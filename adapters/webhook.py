@@ -4,16 +4,27 @@ Downstream sees ``Idempotency-Key: <job>:<step>``, ``Fencing-Token: <generation>
 ``X-Fencegate-Operation``; redirects are never followed; the response is
 size-limited before it is stored.
 
-=============================================  ===============
-what happened                                  outcome
-=============================================  ===============
-2xx                                            Delivered
-connection refused, connect timeout            NotDelivered
-429, 503 (receiver declined to process)        NotDelivered
-other 4xx, 3xx (redirects are not followed)    Failed
-500, 502, 504, other 5xx                       Unknown
-read timeout, connection lost after sending    Unknown
-=============================================  ===============
+==============================================  ===============
+what happened                                   outcome
+==============================================  ===============
+2xx                                             Delivered
+connection refused, connect timeout             NotDelivered
+a status in ``not_delivered_statuses`` (429)    NotDelivered
+other 4xx, 3xx (redirects are not followed)     Failed
+500, 502, 503, 504, other 5xx                   Unknown
+read timeout, connection lost after sending     Unknown
+==============================================  ===============
+
+A 502, 503 or 504 may come from a proxy (a load balancer, an ingress, an API
+gateway) in front of the receiver *after it forwarded the request*: Envoy
+answers 503 when the upstream resets after reading the request, nginx 502 and
+504 when it closes or times out. The receiver may have processed it, so these
+are ``Unknown``: a receiver that deduplicates by key (``dedupes_by_key``) gets
+the step again under the same key, any other stays ``unknown`` for an operator.
+Only a status listed in ``not_delivered_statuses`` releases the step (and a
+retry sends the effect again); the default lists 429 alone, which rate limiters
+answer *instead of* forwarding. A deployment whose receiver is reached without
+a proxy, or whose proxy never answers 503 after forwarding, may add 503.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import AnyHttpUrl, Field
+from pydantic import AnyHttpUrl, Field, field_validator
 
 from adapters import http
 from adapters.base import (
@@ -42,7 +53,6 @@ from adapters.base import (
 __all__ = ["WebhookAdapter", "WebhookConfig"]
 
 _OPERATION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_RETRYABLE = frozenset({429, 503})
 
 
 class WebhookConfig(AdapterConfig):
@@ -53,6 +63,18 @@ class WebhookConfig(AdapterConfig):
     dedupes_by_key: bool = False
     max_response_bytes: int = Field(default=65_536, ge=0, le=16 * 1024 * 1024)
     headers: dict[str, str] = Field(default_factory=dict)
+    # Statuses that prove the receiver did NOT process the request: the step is released
+    # and a retry sends it again. List only what nothing between the gateway and the
+    # receiver can answer after forwarding the request (a proxy's 502/503/504 can).
+    not_delivered_statuses: frozenset[int] = frozenset({429})
+
+    @field_validator("not_delivered_statuses")
+    @classmethod
+    def _error_statuses(cls, value: frozenset[int]) -> frozenset[int]:
+        wrong = sorted(s for s in value if not 400 <= s <= 599)
+        if wrong:
+            raise ValueError(f"only 4xx and 5xx statuses can mean 'not delivered', not {wrong}")
+        return value
 
 
 class WebhookAdapter:
@@ -93,10 +115,12 @@ class WebhookAdapter:
             return resp
         if 200 <= resp.status < 300:
             return Delivered(resp.summary())
-        if resp.status in _RETRYABLE:
-            return NotDelivered(f"receiver answered {resp.status}")
+        if resp.status in self._config.not_delivered_statuses:
+            return NotDelivered(f"receiver answered {resp.status} (not_delivered_statuses)")
         if resp.status >= 500:
-            return Unknown(f"receiver answered {resp.status}")
+            return Unknown(
+                f"receiver answered {resp.status}, which a proxy may answer after forwarding"
+            )
         return Failed(resp.summary())
 
     async def lookup(self, request: EffectRequest) -> Delivered | NotDelivered | None:

@@ -77,7 +77,7 @@ class Receiver:
 
     async def handle(self, request: web.Request) -> web.Response:
         await request.read()
-        tenant = "a" if request.headers.get("Idempotency-Key", "").startswith("a-") else "b"
+        tenant = "a" if "a-" in request.headers.get("Idempotency-Key", "") else "b"
         self.counts[tenant] += 1
         if tenant == "a":
             await asyncio.sleep(5)

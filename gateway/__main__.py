@@ -35,6 +35,7 @@ from gateway.errors import FencegateError
 from gateway.logging import configure_logging
 from gateway.records import AuditCheck
 from gateway.settings import NAME_RE, ConfigError, Settings, load_settings, read_secret
+from gateway.tenancy import resolve_tenancy
 
 if TYPE_CHECKING:
     from gateway.store import Store
@@ -106,6 +107,8 @@ def _configured_secrets(settings: Settings) -> list[str]:
     names += [k.key_env for k in settings.auth.keys if k.key_env]
     if settings.auth.token_signing_key_env:
         names.append(settings.auth.token_signing_key_env)
+    if settings.audit.key_env:
+        names.append(settings.audit.key_env)
     values: list[str] = []
     with contextlib.suppress(ValueError):  # the Redis URL's password, if it has one
         from urllib.parse import urlsplit
@@ -347,6 +350,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.file)
     validate_configs(settings.adapters)
+    resolve_tenancy(settings)  # adapters' tenants and keys: refused here as at start
     print(
         f"{args.file}: ok ({len(settings.adapters)} adapters, {len(settings.auth.keys)} keys, "
         f"registration={settings.fencing.registration})"
@@ -415,22 +419,48 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
+    from gateway.audit_anchor import AnchorCheck, anchor_path, audit_keys
+
     settings = _settings(args)
+    keys = audit_keys(settings, read_secret)
+    files = [Path(p) for p in args.anchors] if args.anchors else [anchor_path(settings)]
     url, embedded = _cli_redis_url(settings)
 
     async def run() -> AuditCheck:
         async with _cli_store(url) as store:
-            return await store.verify_audit()
+            return await store.verify_audit(
+                keys=keys,
+                anchor_files=files,
+                retention_seconds=settings.fencing.retention_seconds,
+            )
 
     try:
         check = asyncio.run(run())
     finally:
         if embedded is not None:
             embedded.stop()
+    assert isinstance(check, AnchorCheck)
     for problem in check.broken:
         print(f"BROKEN  {problem}")
     state = "intact" if not check.broken else f"{len(check.broken)} problems"
-    print(f"audit chains: {check.jobs} jobs, {check.entries} entries, {state}")
+    how = f"keyed (kid {', '.join(check.kids)})" if check.keyed else "unkeyed"
+    print(f"audit chains: {check.jobs} jobs, {check.entries} entries, {state}; {how}")
+    print(
+        f"anchors: {check.anchors} checked ({check.anchors_expired} past retention, not "
+        f"checkable) from {', '.join(check.anchor_files) or 'no file'}"
+        + (f"; not found: {', '.join(check.missing_files)}" if check.missing_files else "")
+    )
+    for note in check.notes:
+        print(f"note: {note}")
+    if not check.keyed:
+        print(
+            "unkeyed chain: detects accidental damage only; anyone who can write Redis can "
+            "re-hash altered entries (set [audit] key_env)"
+        )
+    print(
+        "not detectable: deleting a job's entries newer than its newest anchor together with "
+        "its chain head in Redis; deleting an anchor from every place it was written"
+    )
     return EXIT_OK if not check.broken else EXIT_RUNTIME
 
 
@@ -553,6 +583,13 @@ def build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument("--config", help="TOML config file (verify)")
             p.add_argument("--redis-url", help="Redis to verify (default: from the config)")
+            p.add_argument(
+                "--anchors",
+                action="append",
+                metavar="PATH",
+                help="verify: an anchor file or gateway log with audit_anchor lines (repeatable; "
+                "default: [audit] anchor_file, else <redis.data_dir>/audit-anchors.jsonl)",
+            )
             p.add_argument("--job", help="only this job")
             p.add_argument("--limit", type=int, default=50)
             p.add_argument("--follow", action="store_true", help="keep printing new rejections")

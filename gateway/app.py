@@ -24,6 +24,7 @@ from aiohttp import web
 from adapters.base import Adapter, AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import appkeys as K
+from gateway import audit_anchor as anchors_module
 from gateway.auth import Authenticator
 from gateway.bulkheads import HttpPools, scope_adapters
 from gateway.connections import GUARD, GuardSlot, body_deadline
@@ -36,6 +37,7 @@ from gateway.problems import from_http_exception, problem_response
 from gateway.quotas import QuotaedService, Quotas
 from gateway.settings import ConfigError, Settings, read_secret
 from gateway.store import Store, connect
+from gateway.tenancy import resolve_tenancy
 from gateway.tokens import TokenSigner
 
 __all__ = ["create_app"]
@@ -104,6 +106,7 @@ def create_app(
 ) -> web.Application:
     """Build the gateway. Adapter configs are validated here, before anything starts."""
     validate_configs(settings.adapters, secret)
+    tenancy = resolve_tenancy(settings)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         middlewares=[_request_middleware, body_deadline(settings.connections.body_timeout_seconds)],
@@ -124,6 +127,8 @@ def create_app(
         except ValueError as exc:
             raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
 
+    audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
+
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(
             redis_url,
@@ -137,6 +142,10 @@ def create_app(
             retention_seconds=settings.fencing.retention_seconds,
             state_file=state_file,
             request_memory_seconds=settings.redis.request_memory_seconds,
+            audit_key=audit_keys[0] if audit_keys else "",
+        )
+        anchorer = anchors_module.Anchorer(
+            client, store.audit_touched, anchors_module.anchor_path(settings), audit_keys
         )
         try:
             await store.load_scripts()
@@ -163,18 +172,21 @@ def create_app(
                     await store.heartbeat_epoch()
 
         ticker = asyncio.create_task(epochs())
+        anchorer.start(settings.audit.anchor_interval_seconds)
         yield
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
+        await anchorer.stop()  # the heads of the last interval, after the drain
         await store.aclose()
         await client.aclose()
 
     async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:
         # bulkheads: each adapter has its own bounded pools (one per tenant; gateway.bulkheads)
-        pools = {name: HttpPools(name, settings.bulkheads) for name in settings.adapters}
+        sections = tenancy.sections(settings.adapters)
+        pools = {name: HttpPools(name, settings.bulkheads) for name in sections}
         adapters: dict[str, Adapter] = {}
-        for name, section in settings.adapters.items():
+        for name, section in sections.items():
             http = cast(aiohttp.ClientSession, pools[name])  # stands in for a ClientSession
             adapters.update(
                 build_adapters({name: section}, AdapterContext(http=http, secret=secret))
@@ -191,12 +203,9 @@ def create_app(
             adapters,
             app[K.METRICS],
             dispatch_timeout_seconds=settings.fencing.dispatch_timeout_seconds,
-            tenant_keyed=frozenset(
-                n for n, s in settings.adapters.items() if s.get("tenant_in_key")
-            ),
+            tenant_keyed=tenancy.keyed,
+            adapter_tenants=tenancy.allowed,
             crash_hook=crash_hook,
-            # how long an admit whose reply was lost is sent again to learn its verdict
-            admit_grace_seconds=max(1.0, 2 * settings.redis.timeout_seconds),
             quotas=quotas,
         )
         relay = asyncio.create_task(

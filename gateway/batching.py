@@ -36,10 +36,16 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Batcher"]
+__all__ = ["Batcher", "NotSent"]
+
+
+class NotSent(RedisConnectionError):
+    """No connection could be had: the commands were never written, so they did not run."""
+
 
 # One batch per connection write; more pending commands than this open
 # another batch on another pooled connection in the same tick.
@@ -115,8 +121,8 @@ class Batcher:
             async with asyncio.timeout(self._timeout):
                 conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         except BaseException as exc:
-            if isinstance(exc, TimeoutError):
-                exc = RedisTimeoutError(f"no connection to Redis within {self._timeout} s")
+            if isinstance(exc, Exception):  # nothing was written: the commands did not run
+                exc = NotSent(f"no connection to Redis within {self._timeout} s: {exc!r}")
             _fail(calls, exc)
             if not isinstance(exc, Exception):
                 raise

@@ -7,7 +7,7 @@
   gateway's state file. A Redis whose epoch is below what this gateway saw was
   restored from an older snapshot: it is quarantined (markers removed, so every
   script fails closed) until ``fencegate init --confirm-data-loss``.
-- ``verify_audit`` recomputes every job's audit hash chain.
+- ``verify_audit`` recomputes every job's audit hash chain and checks its anchors.
 
 Callers wrap these in :meth:`gateway.store.Store._guard` (Redis errors → 503).
 """
@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis.asyncio as aioredis
 import structlog
 
+from gateway import audit_anchor
+from gateway.audit_anchor import AnchorCheck
 from gateway.keys import EPOCH, MARKER, PREFIX, SLOTS, slot_marker
-from gateway.records import AuditCheck, chain_hash
 
 __all__ = ["epoch_check", "initialize", "quarantine", "verify_audit"]
 
@@ -124,28 +126,16 @@ async def quarantine(client: aioredis.Redis) -> None:
         await client.delete(*markers[i : i + 2048])
 
 
-async def verify_audit(client: aioredis.Redis) -> AuditCheck:
-    """Recompute every job's audit hash chain (``fencegate audit verify``)."""
-    jobs = entries = 0
-    broken: list[str] = []
-
-    async for stream in client.scan_iter(match="fg:{*}:audit", count=1000):
-        jobs += 1
-        # decode_responses=True: every key, field and value is a str
-        rows: list[tuple[str, dict[str, str]]] = await client.xrange(stream)  # type: ignore[assignment]
-        prev: str | None = None
-        for entry_id, fields in rows:
-            entries += 1
-            items = [(k, v) for k, v in fields.items() if k != "hash"]
-            if chain_hash(items) != fields.get("hash"):
-                broken.append(f"{stream} {entry_id}: entry altered")
-            if prev is not None and fields.get("prev") != prev:
-                broken.append(f"{stream} {entry_id}: previous entry missing or altered")
-            prev = fields.get("hash")
-        head: str | None = await client.hget(  # type: ignore[assignment]
-            stream[: -len(":audit")] + ":job", "audit_head"
-        )
-        if rows and head != prev:
-            broken.append(f"{stream}: newest entries missing (chain head {head})")
-
-    return AuditCheck(jobs, entries, broken)
+async def verify_audit(
+    client: aioredis.Redis,
+    *,
+    keys: Sequence[str] = (),
+    anchor_files: Sequence[Path] = (),
+    retention_seconds: int = 604_800,
+) -> AnchorCheck:
+    """Recompute every job's audit hash chain, with the audit key(s) when given, and check the
+    anchors of chain heads kept outside Redis (``fencegate audit verify``; see
+    :func:`gateway.audit_anchor.verify` for what is and is not detected)."""
+    return await audit_anchor.verify(
+        client, keys=keys, anchor_files=anchor_files, retention_seconds=retention_seconds
+    )

@@ -1,31 +1,144 @@
-"""JSON on the hot path: orjson, with the stdlib for the little orjson cannot represent.
+"""JSON on the hot path: orjson's speed, the stdlib's meaning, and no number ever changed.
 
 orjson is several times faster for request bodies, problem documents, stored
-results and log lines. It refuses integers beyond 64 bits (and, when parsing,
-lone surrogate escapes); there the stdlib decides, so no value that worked
-before stops working.
+results and log lines, but it reads an integer beyond 64 bits as a float
+*without an error* (``18446744073709551617`` becomes ``1.8446744073709552e19``),
+which changed payloads on their way downstream and gave different integers one
+intent digest (issue 12, hole 15). So orjson only reads a document in which no
+number can be affected: no run of 16 or more digits and no exponent of three or
+more digits. There every integer fits in 64 bits and every other number has at
+most 15 significant digits in the normal range of a double, where orjson and
+the stdlib agree to the bit. Anything else — and anything orjson refuses — is
+read by the stdlib, which keeps integers of any size exact.
+
+The number model (README, "JSON numbers"):
+
+- an integer (no fraction, no exponent) is carried exactly, at any size;
+- any other number is an IEEE 754 double (RFC 8259 §6): ``1.10`` and ``1.1`` are
+  the same number, sent on as the shortest text of that double;
+- :func:`loads_exact` refuses what cannot be carried that way: a number whose
+  double is infinite (``1e999``), a non-zero number that becomes 0 (``1e-400``),
+  ``NaN`` / ``Infinity`` (not JSON), an integer longer than Python converts, and
+  lone surrogate escapes — with :class:`Unrepresentable`, naming the field.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
+import sys
 from typing import Any
 
 import orjson
 
-__all__ = ["dumps", "loads"]
+__all__ = ["Unrepresentable", "dumps", "loads", "loads_exact"]
+
+# A document orjson may read: it cannot hold an integer beyond 64 bits or a number
+# that over- or underflows a double. Digits inside strings only cost the slow path.
+_SUSPECT_BYTES = re.compile(rb"[0-9]{16}|[eE][+-]?[0-9]{3}")
+_SUSPECT_STR = re.compile(r"[0-9]{16}|[eE][+-]?[0-9]{3}")
+_NONZERO_MANTISSA = re.compile(r"^[^eE]*[1-9]")
+
+
+class Unrepresentable(ValueError):
+    """Valid-looking JSON the gateway cannot carry exactly (a 400, never a changed value)."""
 
 
 def dumps(value: Any, default: Any = None) -> bytes:
     """Compact JSON as UTF-8 bytes."""
     try:
         return orjson.dumps(value, default=default)
-    except TypeError:  # e.g. an integer beyond 64 bits
+    except TypeError:  # e.g. an integer beyond 64 bits: the stdlib writes it exactly
         return json.dumps(value, default=default, separators=(",", ":")).encode()
 
 
+def _fast(raw: str | bytes) -> bool:
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return _SUSPECT_BYTES.search(raw) is None
+    return _SUSPECT_STR.search(raw) is None
+
+
 def loads(raw: str | bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
+    """Exactly what ``json.loads`` answers (used for what the gateway stored itself)."""
+    if _fast(raw):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
+class _Bad:
+    """Stands in for a number that cannot be carried, until its path is known."""
+
+    __slots__ = ("text", "why")
+
+    def __init__(self, text: str, why: str) -> None:
+        self.text, self.why = text, why
+
+
+def loads_exact(raw: str | bytes) -> Any:
+    """Parse JSON that will be carried on (request bodies, downstream answers).
+
+    Raises :class:`Unrepresentable` (``"<path>: the number 1e999 …"``) for what the
+    module docstring lists, ``ValueError`` for what is not JSON, ``RecursionError``
+    for nesting the parser cannot follow.
+    """
+    if _fast(raw):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    bad: list[_Bad] = []
+
+    def number(text: str) -> float | _Bad:
+        value = float(text)
+        if math.isinf(value):
+            bad.append(_Bad(text, "has no finite IEEE 754 double (it overflows)"))
+            return bad[-1]
+        if value == 0.0 and _NONZERO_MANTISSA.match(text):
+            bad.append(_Bad(text, "is not zero but underflows to 0 as an IEEE 754 double"))
+            return bad[-1]
+        return value
+
+    def integer(text: str) -> int | _Bad:
+        limit = sys.get_int_max_str_digits()
+        if limit and len(text.lstrip("-")) > limit:
+            bad.append(_Bad(text[:24] + "…", f"has more than {limit} digits"))
+            return bad[-1]
+        return int(text)
+
+    def constant(name: str) -> _Bad:
+        bad.append(_Bad(name, "is not JSON (RFC 8259 has no NaN or Infinity)"))
+        return bad[-1]
+
+    data = json.loads(raw, parse_float=number, parse_int=integer, parse_constant=constant)
+    if bad:
+        first = bad[0]
+        raise Unrepresentable(
+            f"{_path_of(data, first)}: the number {first.text} {first.why}; "
+            "send it as a string, or as an integer if it is one"
+        )
+    try:  # a lone surrogate escape ("\ud800") parses, but no downstream can be sent it
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        raise Unrepresentable("the body has a lone surrogate escape: not valid Unicode") from exc
+    return data
+
+
+def _path_of(root: Any, target: _Bad) -> str:
+    """Dotted path (``payload.items.0.price``) of ``target`` in document order."""
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path or "(the document)"
+        if isinstance(node, dict):
+            children = [(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()]
+        elif isinstance(node, list):
+            children = [(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node)]
+        else:
+            continue
+        stack.extend(reversed(children))
+    return "(the document)"

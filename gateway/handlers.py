@@ -7,18 +7,17 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from adapters.base import describe
 from gateway import appkeys as K
+from gateway import fastjson
 from gateway.auth import Principal
 from gateway.errors import BadToken, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
 from gateway.keys import JobKeys
@@ -41,6 +40,7 @@ from gateway.models import (
     ResolveBody,
     iso_ms,
 )
+from gateway.prefer import parse_prefer
 from gateway.records import EffectRecord
 from gateway.settings import NAME_RE
 from gateway.tokens import parse_unsigned_token
@@ -139,33 +139,22 @@ def _worker_id(request: web.Request) -> str | None:
 
 
 def _parse_json(raw: bytes) -> Any:
-    """orjson (strict RFC 8259, several times faster) and, only where it refuses, the stdlib.
+    """orjson (strict RFC 8259, several times faster) where it cannot change a number, else
+    the stdlib (:func:`gateway.fastjson.loads_exact`).
 
-    The stdlib decides what orjson cannot represent — integers beyond 64 bits,
-    lone surrogate escapes — so every body means what it meant before, and its
-    error messages (line, column) are the ones clients see. NaN and Infinity are
-    refused by both, and so are lone surrogates (they cannot be encoded for any
-    downstream; they used to end in a 500).
+    Integers of any size are carried exactly; other numbers are IEEE 754 doubles. What
+    cannot be carried — ``1e999``, ``1e-400``, ``NaN``, ``Infinity``, lone surrogate
+    escapes — is refused with 400 naming the field, never changed (it used to be: an
+    integer beyond 64 bits became a float, ``1e999`` a 500).
     """
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        data = json.loads(raw, parse_constant=_no_constants)
+        return fastjson.loads_exact(raw)
+    except fastjson.Unrepresentable as exc:
+        raise InvalidRequest(str(exc)) from exc
     except RecursionError as exc:
         raise InvalidRequest("the body nests too deeply") from exc
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
-    try:  # a lone surrogate escape ("\ud800") parses, but no downstream can be sent it
-        json.dumps(data, ensure_ascii=False).encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest("the body has a lone surrogate escape: not valid Unicode") from exc
-    return data
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def check_shape(data: Any, *, max_depth: int, max_items: int, max_string: int) -> None:
@@ -274,7 +263,7 @@ async def perform_effect(request: web.Request) -> web.Response:
     body: EffectBody = await _body(request, EffectBody)
     bind(adapter=body.adapter)
     gen = await _generation(request, keys, step=step, worker_id=worker_id, adapter=body.adapter)
-    respond_async = "respond-async" in request.headers.get("Prefer", "").lower()
+    respond_async = "respond-async" in parse_prefer(request.headers.getall("Prefer", ()))
     res = await request.app[K.SERVICE].perform(
         keys,
         step,

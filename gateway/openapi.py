@@ -34,7 +34,11 @@ _STATUS_TEXT = {
 _HEADERS = {
     "Fencing-Token": ("The generation (unsigned mode) or a signed token", True),
     "Worker-Id": ("Recorded in the audit log and logs", False),
-    "Prefer": ("respond-async: record the step and return 202; the relay performs it", False),
+    "Prefer": (
+        "RFC 7240 preferences; the respond-async token (case-insensitive, any position in "
+        "the list, any Prefer line): record the step and return 202; the relay performs it",
+        False,
+    ),
 }
 _QUERY = {
     "job": {"type": "string", "pattern": NAME_PATTERN},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -174,9 +175,14 @@ class AuditEntry:
         )
 
 
-def chain_hash(fields: Sequence[tuple[str, str]]) -> str:
-    """The audit chain's hash of one entry: SHA-1 over its "name=value" lines (before 'hash')."""
-    return hashlib.sha1("\n".join(f"{k}={v}" for k, v in fields).encode()).hexdigest()
+def chain_hash(fields: Sequence[tuple[str, str]], key: bytes | None = None) -> str:
+    """The audit chain's hash of one entry over its "name=value" lines (every field before
+    'hash', joined by newlines): HMAC-SHA1 with the audit key, or plain SHA-1 without one
+    (the Lua prelude's ``audit()`` computes the same bytes)."""
+    text = "\n".join(f"{k}={v}" for k, v in fields).encode()
+    if key:
+        return hmac.new(key, text, hashlib.sha1).hexdigest()
+    return hashlib.sha1(text, usedforsecurity=False).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -79,17 +80,18 @@ class EffectService:
         *,
         dispatch_timeout_seconds: float,
         tenant_keyed: frozenset[str] = frozenset(),
+        adapter_tenants: Mapping[str, frozenset[str] | None] | None = None,
         crash_hook: Callable[[str], None] | None = None,
-        admit_grace_seconds: float = 5.0,
     ) -> None:
         self._store = store
         self._adapters = adapters
         self._tenant_keyed = tenant_keyed
+        # adapter -> the tenants that may use it (None or absent: every tenant)
+        self._adapter_tenants = adapter_tenants or {}
         # Chaos testing only (serve --chaos-crash-at): may SIGKILL this process at a point.
         self._crash = crash_hook or (lambda point: None)
         self._metrics = metrics
         self._timeout = dispatch_timeout_seconds
-        self._admit_grace_ms = int(admit_grace_seconds * 1000)
         # in-flight dispatch -> what to record if shutdown cuts it short
         self._inflight: dict[asyncio.Task[EffectResult], tuple[JobKeys, str, str]] = {}
         self.relay_wakeup = asyncio.Event()
@@ -102,11 +104,14 @@ class EffectService:
         self._relay_stopping = True
         self.relay_wakeup.set()
 
-    def adapter(self, name: str) -> Adapter:
-        try:
-            return self._adapters[name]
-        except KeyError:
-            raise UnknownAdapter(f"no adapter named {name!r} is configured") from None
+    def adapter(self, name: str, tenant: str) -> Adapter:
+        """The adapter, if the tenant may use it: another tenant's adapter is answered
+        exactly like one that is not configured (no probing other tenants' adapters)."""
+        adapter = self._adapters.get(name)
+        allowed = self._adapter_tenants.get(name)
+        if adapter is None or (allowed is not None and tenant not in allowed):
+            raise UnknownAdapter(f"no adapter named {name!r} is configured")
+        return adapter
 
     async def perform(
         self,
@@ -121,7 +126,7 @@ class EffectService:
         respond_async: bool = False,
     ) -> EffectResult:
         """Perform a step now, or (``respond_async``) record it for the relay and return."""
-        adapter = self.adapter(adapter_name)
+        adapter = self.adapter(adapter_name, keys.tenant)
         try:
             adapter.validate(operation, payload)
         except InvalidPayload as exc:
@@ -185,29 +190,32 @@ class EffectService:
         never started); an async call may have been queued, and the caller is told so.
         """
         dispatch_id = new_request_id()
-        give_up = time.monotonic() + min(self._admit_grace_ms / 1000, self._timeout)
-        delay = 0.05
-        while True:
-            try:
-                return await self._store.admit(
-                    keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
-                )
-            except StoreUnavailable as exc:
-                if not exc.maybe_applied or time.monotonic() + delay > give_up:
-                    failure = exc
-                    break
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
-        if not failure.maybe_applied:
-            raise failure
+        try:
+            return await self._store.admit(
+                keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
+            )
+        except StoreUnavailable as exc:
+            if not exc.maybe_applied:
+                raise
+            failure = exc
+        # The admit was sent and not answered: it may have run. Once more, same request id.
+        await asyncio.sleep(0.05)
+        try:
+            return await self._store.admit(
+                keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
+            )
+        except StoreUnavailable:
+            pass  # the first one may still have run
         if payload_json:
             raise StoreUnavailable(
                 "Redis did not answer the admit: the call may have been queued for the relay. "
                 "Send the same call again (it is safe): it answers the step's true state.",
                 may_have_been_queued=True,
             ) from failure
-        if not await self._void(keys, step, dispatch_id):
-            self._voids.add((keys, step, dispatch_id))
+        # given up: if the admit ran, it holds the step for a dispatch that never starts;
+        # the relay loop voids it in Redis as soon as Redis answers again
+        self._voids.add((keys, step, dispatch_id))
+        self.relay_wakeup.set()
         raise StoreUnavailable(
             "Redis did not answer the admit; nothing was sent for this call. If the admit ran, "
             "the step is released as soon as Redis answers again.",
@@ -308,18 +316,28 @@ class EffectService:
     ) -> EffectResult:
         outcome: Outcome | None = None
         replayed = False
+        proven_not_done = False
         if admitted.resolving:
-            outcome = await self._resolve(adapter, request)
+            outcome, proven_not_done = await self._resolve(adapter, request)
             replayed = isinstance(outcome, Delivered)
         if outcome is None:
             outcome = await self._send(adapter, request)
+            if admitted.resolving and isinstance(outcome, NotDelivered) and not proven_not_done:
+                # This send did not reach the downstream, but an earlier one of the step may
+                # have: the step is as unknown as before. Releasing it would let a re-pin
+                # send a different intent under the same key.
+                outcome = Unknown(f"{outcome.reason}; an earlier send's outcome is unknown")
         self._crash("after_dispatch")
         state = await self._record(keys, adapter.name, request, admitted.dispatch_id, outcome)
         self._crash("after_record")
         return self._respond(keys, request, adapter.name, state, outcome, replayed)
 
-    async def _resolve(self, adapter: Adapter, request: EffectRequest) -> Outcome | None:
-        """An unknown step: ask the downstream (lookup), else rely on its deduplication."""
+    async def _resolve(
+        self, adapter: Adapter, request: EffectRequest
+    ) -> tuple[Outcome | None, bool]:
+        """An unknown step: ask the downstream (lookup), else rely on its deduplication.
+        Returns (the outcome found, or None to send under the same key; whether the lookup
+        proved the effect was not done)."""
         if adapter.capabilities.lookup:
             try:
                 found = await adapter.lookup(request)
@@ -328,12 +346,12 @@ class EffectService:
                 found = None
             if isinstance(found, Delivered):
                 self._metrics.effect_counter(adapter.name, "resolved_by_lookup").inc()
-                return found
+                return found, False
             if isinstance(found, NotDelivered):
-                return None  # known not done: dispatch again under the same key
+                return None, True  # known not done: dispatch again under the same key
         if adapter.capabilities.dedupes_by_key:
-            return None  # the downstream deduplicates by key: re-sending is safe
-        return Unknown("lookup could not tell whether the effect happened")
+            return None, False  # the downstream deduplicates by key: re-sending is safe
+        return Unknown("lookup could not tell whether the effect happened"), False
 
     async def _send(self, adapter: Adapter, request: EffectRequest) -> Outcome:
         if request.remaining() <= 0:
@@ -433,44 +451,85 @@ class EffectService:
     # -- the async relay -------------------------------------------------------
 
     async def relay_forever(
-        self, *, interval: float = 0.25, per_tenant: int = 16, sweep_seconds: float = 10.0
+        self,
+        *,
+        interval: float = 0.25,
+        per_tenant: int = 16,
+        sweep_seconds: float = 10.0,
+        stop_grace: float = 2.0,
     ) -> None:
         """Perform queued steps. Any number of gateways may run this: each step is
         claimed atomically in its own slot, so it is dispatched by one relay only, and the
         claim re-checks the fence, the lease, cancellation and the pinned intent.
 
-        Each turn takes up to ``per_tenant`` due steps of every tenant, interleaved, so one
-        tenant's backlog does not delay another's steps. Every ``sweep_seconds`` (and at
-        start) the queue of every slot is read again: a hint lost in a crash between an
-        admit and its hint is found there.
+        Steps run concurrently, at most ``per_tenant`` of each tenant at a time, taken from
+        the tenants' hints interleaved: a tenant with a backlog or a slow downstream does
+        not delay another tenant's steps. Every ``sweep_seconds`` (and at start) the queue of
+        every slot is read again: a hint lost in a crash between an admit and its hint is
+        found there.
 
         Stopped by :meth:`stop_relay` (checked every turn), not only by cancellation:
         a cancellation can be swallowed on its way (Python 3.11's ``wait_for`` turned
         one that landed as it timed out into ``TimeoutError``; an ``asyncio.Condition``
         waiter re-acquires its lock before it lets a cancellation through), and the
-        app's cleanup must never wait forever for this loop."""
-        next_sweep = 0.0
-        while not self._relay_stopping:
-            progressed = False
-            due: list[tuple[JobKeys, str, int]] = []
-            try:
-                if self._voids:
-                    await self.retry_voids()
-                if time.monotonic() >= next_sweep:
-                    await self._store.sweep(int(time.time() * 1000))
-                    next_sweep = time.monotonic() + sweep_seconds
-                due = await self._store.relay_due(int(time.time() * 1000), per_tenant)
+        app's cleanup must never wait forever for this loop. At the stop, steps being
+        claimed get ``stop_grace`` seconds to finish (a claim cut off may have run: its step
+        would then read ``unknown`` with nothing sent); their dispatches are the drain's."""
+        sweeper = asyncio.create_task(self._sweep_forever(sweep_seconds))
+        running: dict[str, asyncio.Task[bool]] = {}  # queue member -> its task
+        per: dict[str, int] = {}  # tenant -> steps running
+
+        def finished(member: str, tenant: str, _task: asyncio.Task[bool]) -> None:
+            running.pop(member, None)
+            per[tenant] -= 1
+            self.relay_wakeup.set()
+
+        try:
+            while not self._relay_stopping:
+                started = 0
+                try:
+                    if self._voids:
+                        await self.retry_voids()
+                    due = await self._store.relay_due(int(time.time() * 1000), per_tenant)
+                except StoreUnavailable:
+                    due = []
                 for keys, step, _ in due:
-                    if self._relay_stopping:
-                        break
-                    progressed |= await self._relay_one(keys, step)
+                    member = keys.member(step)
+                    if member in running or per.get(keys.tenant, 0) >= per_tenant:
+                        continue
+                    task = asyncio.create_task(self._relay_one(keys, step))
+                    running[member] = task
+                    per[keys.tenant] = per.get(keys.tenant, 0) + 1
+                    task.add_done_callback(functools.partial(finished, member, keys.tenant))
+                    started += 1
+                if not started:
+                    self.relay_wakeup.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(interval):
+                            await self.relay_wakeup.wait()
+                else:
+                    await asyncio.sleep(0)
+        finally:
+            sweeper.cancel()
+            if running:
+                await asyncio.wait(list(running.values()), timeout=stop_grace)
+                for task in running.values():
+                    task.cancel()
+
+    async def _sweep_forever(self, every: float) -> None:
+        """Read every slot's queue at start and every ``every`` seconds: a step whose hint
+        was lost (a crash between its admit and its hint) is hinted again."""
+        while not self._relay_stopping:
+            try:
+                found = await self._store.sweep(int(time.time() * 1000))
             except StoreUnavailable:
-                due = []
-            if not due or not progressed:
-                self.relay_wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(interval):
-                        await self.relay_wakeup.wait()
+                found = 0
+            except Exception:
+                log.exception("relay_sweep_failed")
+                found = 0
+            if found:
+                self.relay_wakeup.set()
+            await asyncio.sleep(every)
 
     async def _claim(self, keys: JobKeys, step: str) -> RelayClaim | int | str | None:
         """The relay's claim, safe when its reply is lost (sent again with the same request
@@ -490,6 +549,15 @@ class EffectService:
 
     async def _relay_one(self, keys: JobKeys, step: str) -> bool:
         """Perform one queued step; False when it was left for later untouched."""
+        try:
+            return await self._relay_step(keys, step)
+        except StoreUnavailable:
+            return False  # still queued in its slot: found again by a hint or the sweep
+        except Exception:
+            log.exception("relay_step_failed", key=f"{keys.job_id}:{step}")
+            return False
+
+    async def _relay_step(self, keys: JobKeys, step: str) -> bool:
         started = time.monotonic()  # the step's deadline counts from before the claim
         claim = await self._claim(keys, step)
         if claim is None:
@@ -504,7 +572,8 @@ class EffectService:
             await self._store.relay_hint(keys, step, claim + 50)
             return True
         adapter = self._adapters.get(claim.adapter)
-        if adapter is None:
+        allowed = self._adapter_tenants.get(claim.adapter)
+        if adapter is None or (allowed is not None and keys.tenant not in allowed):
             log.error("relay_unknown_adapter", adapter=claim.adapter, key=f"{keys.job_id}:{step}")
             reason = {"reason": f"adapter {claim.adapter!r} is not configured"}
             await self._store.record(keys, step, claim.dispatch_id, "failed", error=reason)

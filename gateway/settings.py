@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 __all__ = [
+    "AuditSettings",
     "AuthKey",
     "AuthSettings",
     "BulkheadSettings",
@@ -178,6 +179,16 @@ class AuthSettings(_Section):
     keys: tuple[AuthKey, ...] = ()
 
 
+class AuditSettings(_Section):
+    # Names the env var holding the audit chain's HMAC key(s); comma-separated for rotation,
+    # the first keys new entries and anchors. Empty: an unkeyed chain (accidental damage only).
+    key_env: str = ""
+    # How often the heads of the chains this gateway extended are anchored outside Redis.
+    anchor_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    # The anchor file (JSON lines, append-only); empty: <redis.data_dir>/audit-anchors.jsonl.
+    anchor_file: str = ""
+
+
 class Settings(BaseSettings):
     """The whole configuration, frozen once built."""
 
@@ -192,6 +203,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     fencing: FencingSettings = FencingSettings()
     auth: AuthSettings = AuthSettings()
+    audit: AuditSettings = AuditSettings()
     connections: ConnectionSettings = ConnectionSettings()
     bulkheads: BulkheadSettings = BulkheadSettings()
     quotas: QuotaSettings = QuotaSettings()

@@ -17,6 +17,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
 import json
@@ -36,7 +37,8 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError, Respon
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import durability
-from gateway.batching import Batcher
+from gateway.audit_anchor import note_audit
+from gateway.batching import Batcher, NotSent
 from gateway.errors import (
     BadToken,
     EffectNotUnknown,
@@ -213,6 +215,9 @@ class Store:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
         self._audit_key = audit_key
+        # Jobs whose audit chain got an entry in a reply seen here, with the newest such
+        # entry's id: the anchorer's to-do (gateway.audit_anchor).
+        self.audit_touched: dict[JobKeys, str] = {}
         # The highest value of each slot's marker seen in a reply (slot -> counter). A reply
         # below it means the slot went back in time: the script refuses ({8, 'behind'}).
         self.slot_seen: dict[int, int] = {}
@@ -293,7 +298,7 @@ class Store:
                 raise
             # Redis refuses a script for OOM only before its first write (the check runs
             # while nothing is written, so the script stays atomic): then it did nothing
-            unavailable.maybe_applied = not _oom(exc)
+            unavailable.maybe_applied = not (isinstance(exc, NotSent) or _oom(exc))
             raise unavailable from exc
         seq = int(reply[0])
         if seq > seen:
@@ -368,6 +373,7 @@ class Store:
         Best effort: the entry is already in the job's stream, written atomically
         with the decision, so a failed copy must not turn a true 409 into a 503.
         """
+        note_audit(self.audit_touched, keys, audit_id)
         entry = {
             "at": audit_id.split("-")[0],
             "tenant": keys.tenant,
@@ -633,6 +639,7 @@ class Store:
 
     async def _copy_to_feed(self, keys: JobKeys, audit_id: str) -> None:
         """Copy an entry a script wrote as a side note (not a rejection it answers) to the feed."""
+        note_audit(self.audit_touched, keys, audit_id)
 
         async def read() -> list[tuple[str, dict[str, str]]]:
             rows = await self._client.xrange(keys.audit, audit_id, audit_id)
@@ -697,25 +704,25 @@ class Store:
 
     async def sweep(self, now_ms: int, per_slot: int = 100) -> int:
         """Hint every due entry of every slot's queue (a hint lost in a crash); returns how
-        many due entries were found."""
+        many due entries were found. 16,384 reads, packed by hiredis on the auto-pipeline."""
+        query = ("-inf", now_ms, "WITHSCORES", "LIMIT", 0, per_slot)
+        replies = await asyncio.gather(
+            *(self._batcher.execute("ZRANGEBYSCORE", relay_queue(s), *query) for s in range(SLOTS)),
+            return_exceptions=True,
+        )
         found = 0
-        chunk = 2048
-        for start in range(0, SLOTS, chunk):
-
-            async def read(start: int = start) -> list[list[tuple[str, float]]]:
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for slot in range(start, min(start + chunk, SLOTS)):
-                        pipe.zrangebyscore(
-                            relay_queue(slot), "-inf", now_ms, start=0, num=per_slot,
-                            withscores=True,
-                        )  # fmt: skip
-                    return await pipe.execute()
-
-            for rows in await self._guard(read):
-                for member, score in rows:
-                    tenant, job_id, step = json.loads(member)
-                    await self.relay_hint(JobKeys(tenant, job_id), step, int(score))
-                    found += 1
+        for rows in replies:
+            if isinstance(rows, BaseException):
+                if isinstance(rows, asyncio.CancelledError):
+                    raise rows
+                raise StoreUnavailable(f"the relay's sweep failed: {type(rows).__name__}")
+            # RESP3 answers [member, score] pairs; RESP2 a flat list
+            flat = not rows or not isinstance(rows[0], list)
+            pairs = zip(rows[::2], rows[1::2], strict=True) if flat else rows
+            for member, score in pairs:
+                tenant, job_id, step = json.loads(member)
+                await self.relay_hint(JobKeys(tenant, job_id), step, int(float(score)))
+                found += 1
         return found
 
     async def relay_claim(
@@ -788,9 +795,10 @@ class Store:
             effects=effects,
         )
 
-    async def verify_audit(self) -> AuditCheck:
-        """Recompute every job's audit hash chain (``fencegate audit verify``)."""
-        return await self._guard(lambda: durability.verify_audit(self._client))
+    async def verify_audit(self, **options: Any) -> AuditCheck:
+        """Recompute every job's audit hash chain and check anchors (``fencegate audit verify``;
+        ``options``: those of :func:`gateway.durability.verify_audit`)."""
+        return await self._guard(lambda: durability.verify_audit(self._client, **options))
 
     async def audit(
         self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None

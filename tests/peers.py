@@ -36,6 +36,7 @@ class StripePeer:
         app = web.Application()
         app.router.add_post("/v1/payment_intents", self.create_intent)
         app.router.add_get("/v1/payment_intents/search", self.search)
+        app.router.add_get("/v1/payment_intents/{id}", self.retrieve_intent)
         app.router.add_post("/v1/refunds", self.create_refund)
         app.router.add_get("/v1/refunds", self.list_refunds)
         return app
@@ -156,6 +157,17 @@ class StripePeer:
         ]
         return web.json_response({"object": "search_result", "data": found})
 
+    async def retrieve_intent(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        pi = self.objects.get(request.match_info["id"])
+        if pi is None or pi["object"] != "payment_intent":
+            return web.json_response(
+                {"error": {"type": "invalid_request_error", "message": "No such payment_intent"}},
+                status=404,
+            )
+        return web.json_response(pi)
+
     async def list_refunds(self, request: web.Request) -> web.Response:
         pi = request.query.get("payment_intent")
         found = [
@@ -173,7 +185,7 @@ class StripePeer:
 class JiraPeer:
     user: str = "bot@example.com"
     token: str = "jira-token"
-    mode: str = "ok"  # ok | 500 | 503 | drop_after_create
+    mode: str = "ok"  # ok | 500 | 503 | 503_after_create | drop_after_create
     issues: dict[str, dict[str, Any]] = field(default_factory=dict)
     comments: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     url: str = ""
@@ -182,6 +194,7 @@ class JiraPeer:
         app = web.Application()
         app.router.add_post("/rest/api/2/issue", self.create_issue)
         app.router.add_get("/rest/api/2/search", self.search)
+        app.router.add_get("/rest/api/2/issue/{key}", self.get_issue)
         app.router.add_post("/rest/api/2/issue/{key}/comment", self.add_comment)
         app.router.add_get("/rest/api/2/issue/{key}/comment", self.list_comments)
         return app
@@ -195,6 +208,8 @@ class JiraPeer:
             return web.json_response({"errorMessages": ["boom"]}, status=500)
         if self.mode == "503" and not created:
             return web.json_response({"errorMessages": ["maintenance"]}, status=503)
+        if self.mode == "503_after_create" and created:  # a proxy's 503 after Jira did it
+            return web.json_response({"errorMessages": ["upstream reset"]}, status=503)
         if self.mode == "drop_after_create" and created:
             _drop(request)
             await asyncio.sleep(5)
@@ -210,7 +225,8 @@ class JiraPeer:
             return web.json_response({"errors": {"summary": "required"}}, status=400)
         key = f"{fields['project']['key']}-{len(self.issues) + 1}"
         self.issues[key] = {"id": str(10000 + len(self.issues)), "key": key, "fields": fields}
-        await self._misbehave(request, created=True)
+        if (bad := await self._misbehave(request, created=True)) is not None:
+            return bad
         return web.json_response(
             {
                 "id": self.issues[key]["id"],
@@ -229,6 +245,21 @@ class JiraPeer:
             if m.group(1) in i["fields"]["labels"]
         ]
         return web.json_response({"total": len(found), "issues": found})
+
+    async def get_issue(self, request: web.Request) -> web.Response:
+        if not self._auth(request):
+            return web.json_response({"errorMessages": ["unauthorized"]}, status=401)
+        issue = self.issues.get(request.match_info["key"])
+        if issue is None:
+            return web.json_response({"errorMessages": ["Issue does not exist"]}, status=404)
+        fields = issue["fields"]
+        return web.json_response(
+            {
+                "id": issue["id"],
+                "key": issue["key"],
+                "fields": {"labels": fields["labels"], "project": fields["project"]},
+            }
+        )
 
     async def add_comment(self, request: web.Request) -> web.StreamResponse:
         key = request.match_info["key"]

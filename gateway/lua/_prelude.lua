@@ -114,6 +114,12 @@ local function audit(stream, job, retention, now, fields)
   local id = redis.call('XADD', stream, '*', unpack(all))
   redis.call('HSET', job, 'audit_head', hash, 'audit_last', id)
   redis.call('EXPIRE', stream, retention)
+  -- a job that has no fence (a rejected call for a job never registered) must not leave a
+  -- key that never expires: its hash lives as long as its audit stream. A fence or a
+  -- cancellation makes it permanent (PERSIST).
+  if redis.call('HEXISTS', job, 'fence') == 0 and redis.call('HEXISTS', job, 'cancelled') == 0 then
+    redis.call('EXPIRE', job, retention)
+  end
   return id
 end
 

@@ -65,6 +65,7 @@ if gen > fence then
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   -- implicit mode: classic highest-seen fencing; a new generation has no lease
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
+  redis.call('PERSIST', KEYS[1])  -- a fence never expires
   fence = gen
   raised = true
 else

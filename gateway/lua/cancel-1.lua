@@ -12,4 +12,5 @@ local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled')
 local fence = job[1] or '0'
 if job[2] == '1' then return {1, fence} end
 redis.call('HSET', KEYS[1], 'cancelled', '1', 'cancelled_at', fmt(now_ms()))
+redis.call('PERSIST', KEYS[1])  -- a cancellation never expires
 return done({0, fence})

@@ -30,6 +30,7 @@ if gen < fence then return reject('stale_generation') end
 if gen > fence then
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0', 'lease_ms', '')
+  redis.call('PERSIST', KEYS[1])  -- a fence never expires
   return done({0, ARGV[1], '0'})
 end
 local lease_exp = tonumber(job[3]) or 0

@@ -43,4 +43,5 @@ local lease_exp = '0'
 if ARGV[2] ~= '' then lease_exp = fmt(now + tonumber(ARGV[2])) end
 redis.call('HSET', KEYS[1], 'fence', fmt(gen), 'lease_ms', ARGV[2], 'lease_exp', lease_exp,
   'registered_at', fmt(now))
+redis.call('PERSIST', KEYS[1])  -- a fence never expires
 return done({0, fmt(gen), lease_exp})

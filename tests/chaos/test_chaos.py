@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 
 from tests.chaos.harness import run
+
+
+def _figure(report: str, name: str) -> str:
+    match = re.search(rf"^\| {re.escape(name)} \| (.*) \|$", report, re.M)
+    assert match, f"no row {name!r} in the report"
+    return match.group(1)
 
 
 def test_short_chaos_run_holds_every_invariant() -> None:
@@ -15,3 +22,12 @@ def test_short_chaos_run_holds_every_invariant() -> None:
     kills = "before_admit 2, after_admit 2, after_dispatch 2, after_record 2"
     assert f"gateway SIGKILLs by crash point | {kills}" in report
     assert "empty-Redis restarts failing closed / dispatches during them | 2 / 0" in report
+    # the wire phase really ran: faults on both wires, the relay and takeovers in its retries
+    assert _figure(report, "wire faults hit, gateway-Redis") != "none"
+    assert _figure(report, "wire faults hit, gateway-downstream") != "none"
+    _, accepted, _ = _figure(report, "async calls sent / accepted (202) / async steps").split(" / ")
+    assert int(accepted) > 0
+    # takeovers during relay retries are reported, not asserted: how many there are depends
+    # on how soon the relay makes its first attempt (see the relay latency row)
+    assert _figure(report, "superseded sends (must be 0)") == "0"
+    assert _figure(report, "unknown steps left (reported)").startswith("0")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import sys
 from typing import Any
 
@@ -14,7 +15,9 @@ STREAM = "fg:{default/r}:audit"
 
 async def verify(redis_url: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
+        # no anchors: the default anchor file (./.fencegate/) is the developer's, not this Redis's
         sys.executable, "-m", "gateway", "audit", "verify", "--redis-url", redis_url,
+        "--anchors", os.devnull,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), 60)

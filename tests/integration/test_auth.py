@@ -117,7 +117,7 @@ async def test_tenants_are_separate_namespaces(secured: Gateway, upstream: Upstr
     assert len(upstream.received) == 1
 
 
-async def test_tenant_prefix_in_key_only_where_configured(
+async def test_tenant_prefix_in_every_key_with_two_tenants(
     make_gateway: Any, upstream: Upstream
 ) -> None:
     sections = auth_section()
@@ -139,7 +139,8 @@ async def test_tenant_prefix_in_key_only_where_configured(
             )
             assert resp.status == 200
     keys = [r.headers["Idempotency-Key"] for r in upstream.received]
-    assert keys == ["r:hook", "acme/r:shared", "r:hook", "other/r:shared"]
+    # two tenants: every adapter's key carries the tenant, set or not (issue 13, finding 1)
+    assert keys == ["acme/r:hook", "acme/r:shared", "other/r:hook", "other/r:shared"]
 
 
 def test_keys_new_prints_a_working_key_and_config(tmp_path: Any) -> None:

@@ -138,7 +138,7 @@ async def test_retries_effect_in_progress_until_replay(gw: Gateway, upstream: Up
 async def test_retries_adapter_unavailable_then_succeeds(gw: Gateway, upstream: Upstream) -> None:
     async with Scheduler(base(gw)) as sched:
         await sched.register("r", generation=1)
-    upstream.behaviour = 503
+    upstream.behaviour = 429  # not processed (a 503 would be unknown: a proxy may answer it)
 
     async def recover() -> None:
         await upstream.arrived.wait()
@@ -149,7 +149,7 @@ async def test_retries_adapter_unavailable_then_succeeds(gw: Gateway, upstream: 
         res = await job.effect("s", adapter="hook", operation="x", payload={"n": 1})
     await task
     assert res.state == "succeeded" and res.replayed is False
-    assert len(upstream.received) == 2  # one 503 (released), one delivery, same key
+    assert len(upstream.received) == 2  # one 429 (released), one delivery, same key
     assert {r.headers["Idempotency-Key"] for r in upstream.received} == {"r:s"}
 
 

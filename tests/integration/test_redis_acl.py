@@ -30,7 +30,9 @@ async def test_documented_acl_user_runs_the_gateway(
     admin.execute_command("ACL", "SETUSER", "fencegate", *acl_rule())
     try:
         limited = re.sub(r"^redis://", "redis://fencegate:acl-test-password@", redis_url)
-        gw: Gateway = await make_gateway(redis={"url": limited})
+        gw: Gateway = await make_gateway(
+            redis={"url": limited}, audit={"anchor_interval_seconds": 0.05}
+        )
         assert (await gw.client.get("/readyz")).status == 200  # init ran through the limited user
         assert (await gw.register("r", generation=2)).status == 201
         assert (await gw.effect("r", "s", 2)).status == 200
@@ -54,6 +56,9 @@ async def test_documented_acl_user_runs_the_gateway(
             pass
         user.close()
         assert len(upstream.received) == 1
+        await gw.client.close()  # the shutdown anchors what the interval left
+        anchors = (Path(gw.settings.redis.data_dir) / "audit-anchors.jsonl").read_text()
+        assert '"job_id":"r"' in anchors  # the anchorer's reads (MULTI, XLEN) are allowed
     finally:
         admin.acl_deluser("fencegate")
         admin.close()

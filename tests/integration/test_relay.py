@@ -75,7 +75,7 @@ async def test_async_repeats_are_accepted_once_dispatched_once(
 
 async def test_released_step_is_retried_by_the_relay(gw: Gateway, upstream: Upstream) -> None:
     await gw.register("r", generation=1)
-    upstream.behaviour = 503
+    upstream.behaviour = 429  # not processed (a 503 would be unknown: a proxy may answer it)
     assert (await gw.effect("r", "notify", 1, headers=ASYNC)).status == 202
     await upstream.arrived.wait()
     await wait_state(gw, "notify", "released")
