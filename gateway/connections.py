@@ -31,7 +31,7 @@ from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
 from gateway import appkeys as K
-from gateway.errors import FencegateError
+from gateway.errors import RequestTimeout
 from gateway.problems import problem_response
 from gateway.settings import ConnectionSettings
 
@@ -49,12 +49,6 @@ __all__ = [
 log = structlog.get_logger("fencegate.connections")
 
 FD_RESERVE = 256  # descriptors kept for Redis, the adapters' pools, files, the log
-
-
-class RequestTimeout(FencegateError):
-    code = "request_timeout"
-    status = 408
-    title = "The request body did not arrive in time"
 
 
 def raise_fd_limit() -> int:

@@ -13,6 +13,7 @@ gateway decided::
     ├── NotFound                  404 not_found
     ├── MethodNotAllowed          405 method_not_allowed
     ├── PayloadTooLarge           413 payload_too_large
+    ├── RequestTimeout            408 request_timeout (the body did not arrive in time)
     ├── QuotaExceeded             429 quota_exceeded (Retry-After; audited)
     ├── Rejection                 409, carries presented/current; audited
     │   ├── StaleGeneration           stale_generation
@@ -59,6 +60,7 @@ __all__ = [
     "PayloadTooLarge",
     "QuotaExceeded",
     "Rejection",
+    "RequestTimeout",
     "StaleGeneration",
     "StoreUnavailable",
     "Unauthorized",
@@ -143,6 +145,12 @@ class PayloadTooLarge(FencegateError):
     code = "payload_too_large"
     status = 413
     title = "Request body too large"
+
+
+class RequestTimeout(FencegateError):
+    code = "request_timeout"
+    status = 408
+    title = "The request body did not arrive in time"
 
 
 class QuotaExceeded(FencegateError):

@@ -7,7 +7,7 @@ counted in per-tenant keys outside the deciding scripts (which stay one slot per
   rejected; replays and "in progress" answers are given back) in a fixed window of
   ``window_seconds``: ``fg:quota:{<tenant>}:fx:<window>``, expiring with the window.
 * **stored payload bytes** — async payloads held in Redis for the relay, each charged its
-  size plus 1 KiB: ``fg:quota:{<tenant>}:held`` (queue member -> charge) and its sum
+  size plus 1 KiB: ``fg:quota:{<tenant>}:held`` (``[job, step]`` -> charge) and its sum
   ``fg:quota:{<tenant>}:held_bytes``. A payload leaves Redis when its outcome is recorded
   (by the relay, or a synchronous call that takes the step over); the gateway does not
   hook every such place: when a tenant reaches its cap, the held entries whose payload is
@@ -79,6 +79,11 @@ end
 if freed > 0 then redis.call('INCRBY', KEYS[2], -freed) end
 return freed
 """
+
+
+def _member(keys: JobKeys, step: str) -> str:
+    """A held payload's field: [job, step] (the tenant is in the key)."""
+    return json.dumps([keys.job_id, step], separators=(",", ":"))
 
 
 def _prefix(tenant: str) -> str:
@@ -175,7 +180,7 @@ class Quotas:
         if not charge:
             return
         p = _prefix(keys.tenant)
-        args = [keys.member(step), charge, "1" if stored else "0", self._ttl]
+        args = [_member(keys, step), charge, "1" if stored else "0", self._ttl]
         try:
             await self._call(self._settle, [f"{p}:held", f"{p}:held_bytes"], args)
         except StoreUnavailable:
@@ -197,8 +202,8 @@ class Quotas:
                 chunk = items[i : i + 1000]
                 async with self._client.pipeline(transaction=False) as pipe:
                     for member, _ in chunk:
-                        t, job, step = json.loads(member)
-                        pipe.hget(JobKeys(t, job).effect(step), "payload_sha")
+                        job, step = json.loads(member)
+                        pipe.hget(JobKeys(tenant, job).effect(step), "payload_sha")
                     found = await pipe.execute()
                 for (member, charge), sha in zip(chunk, found, strict=True):
                     if sha is None:

@@ -23,6 +23,8 @@ def test_tenant_b_is_served_while_tenant_a_attacks() -> None:
     assert summary["five_xx"] == 0, summary
     assert summary["a_idle_sockets_peak"] >= 1000, summary
     assert summary["a_statuses"].get("429", 0) > 0, summary  # the payload quota held A back
-    assert summary["redis_peak_used_memory_mb"] < 8 + 16, summary
+    # A's payloads are capped at 8 MiB; the rest is Redis's own (16,384 slot markers, AOF
+    # and client buffers with ~200 KB requests in flight), B's records and A's jobs
+    assert summary["redis_peak_used_memory_mb"] < 8 + 24, summary
     assert summary["non_json_log_lines"] == 0, summary
     assert out.returncode == 0, out.stderr[-2000:]
