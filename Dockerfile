@@ -5,6 +5,8 @@ COPY gateway ./gateway
 COPY adapters ./adapters
 COPY examples ./examples
 RUN pip install --no-cache-dir '.[fast]'
+# the state file's home; a named volume mounted here starts with this owner
+RUN mkdir -p /var/lib/fencegate && chown nobody:nogroup /var/lib/fencegate
 USER nobody
 EXPOSE 8080
 ENTRYPOINT ["fencegate"]

@@ -168,6 +168,7 @@ class Stack:
 [redis]
 url = "{self.redis.url}"
 data_dir = "{workdir / f"state-{workers}"}"
+auto_init = true
 max_connections = 128
 [adapters.hook]
 type = "webhook"

@@ -72,6 +72,7 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
     )
     try:
         aof = client.config_get("appendonly").get("appendonly")
+        fsync = client.config_get("appendfsync").get("appendfsync")
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
     except redis.exceptions.ResponseError:
         log.warning(
@@ -85,12 +86,17 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
     problems = []
     if aof != "yes":
         problems.append(f"appendonly is {aof!r} (need 'yes')")
+    if fsync != "always":
+        # everysec: an acknowledged write (a registration, a recorded outcome) can be lost
+        # in the last second before a crash of the host
+        problems.append(f"appendfsync is {fsync!r} (need 'always')")
     if policy != "noeviction":
         problems.append(f"maxmemory-policy is {policy!r} (need 'noeviction')")
     if not problems:
         return True
     detail = (
-        "; ".join(problems) + ": a restart or eviction would lose fences and let zombies through"
+        "; ".join(problems)
+        + ": a restart, a crash or an eviction would lose fences and let zombies through"
     )
     if allow_volatile:
         log.warning("REDIS_NOT_DURABLE", detail=detail, allowed_by="--allow-volatile-redis")
@@ -138,7 +144,10 @@ def _crash_hook(args: argparse.Namespace) -> Callable[[str], None] | None:
 def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> int:
     """N processes on one port (SO_REUSEPORT) and one Redis; this process supervises them."""
     data_dir = Path(settings.redis.data_dir)
-    result = asyncio.run(_init(url, data_dir / "fencegate.state", auto=True))
+    # the embedded Redis (its data in data_dir) is initialised at its first start; an
+    # external one only by `fencegate init`, or with redis.auto_init
+    write = not settings.redis.url or settings.redis.auto_init
+    result = asyncio.run(_init(url, data_dir / "fencegate.state", auto=True, write=write))
     log.info("workers_starting", workers=args.workers, durability_marker=result)
     # The URL (it may hold a password) goes by environment, never on a command line: a
     # process's argv is readable by every local user (ps), its environment only by its owner.
@@ -192,9 +201,11 @@ async def _cli_store(url: str, state_file: Path | None = None) -> AsyncIterator[
         await client.aclose()
 
 
-async def _init(url: str, state_file: Path, *, auto: bool, confirm: bool = False) -> str:
+async def _init(
+    url: str, state_file: Path, *, auto: bool, confirm: bool = False, write: bool = True
+) -> str:
     async with _cli_store(url, state_file) as store:
-        return await store.initialize(auto=auto, confirm_data_loss=confirm)
+        return await store.initialize(auto=auto, confirm_data_loss=confirm, write=write)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -149,9 +149,13 @@ def create_app(
         )
         try:
             await store.load_scripts()
-            result = await store.initialize(auto=True)
+            # an external Redis is initialised by `fencegate init` (or redis.auto_init)
+            write = not settings.redis.url or settings.redis.auto_init
+            result = await store.initialize(auto=True, write=write)
             if result == "stale_snapshot":
                 pass  # logged by the store; every dispatch fails closed until init
+            elif result == "uninitialised":
+                log.error("redis_not_initialised", detail=store.marker_missing_detail)
             elif result == "refused":
                 log.error(
                     "durability_marker_missing",
@@ -171,14 +175,28 @@ def create_app(
                 with contextlib.suppress(StoreUnavailable):
                     await store.heartbeat_epoch()
 
-        ticker = asyncio.create_task(epochs())
+        async def marks() -> None:
+            while True:
+                await asyncio.sleep(settings.redis.marks_interval_seconds)
+                try:
+                    await store.persist_marks()
+                except OSError as exc:
+                    log.error("state_file_write_failed", error=str(exc))
+
+        tickers = [asyncio.create_task(epochs()), asyncio.create_task(marks())]
         anchorer.start(settings.audit.anchor_interval_seconds)
         yield
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
+        for ticker in tickers:
+            ticker.cancel()
+        for ticker in tickers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
         await anchorer.stop()  # the heads of the last interval, after the drain
         await store.aclose()
+        try:
+            await store.persist_marks()  # the marks of the last writes, after the last reply
+        except OSError as exc:
+            log.error("state_file_write_failed", error=str(exc))
         await client.aclose()
 
     async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -17,7 +17,9 @@ Semantics are those of one command at a time, per command:
 * a connection error before a reply arrived re-sends the commands that have
   no reply yet, under the connection's own :class:`~redis.asyncio.retry.Retry`
   policy, exactly as redis-py does for a single command (the deciding scripts
-  are safe to re-run: admit and record carry the dispatch id);
+  are safe to re-run: each remembers its reply per request id); a command
+  marked ``resend=False`` (the audit feed's ``XADD *``) fails instead, since it
+  may have run;
 * a timeout (``redis.timeout_seconds`` for the whole exchange) or any other
   failure fails every command still without a reply and drops the connection
   (its state is unknown), never re-sending;
@@ -53,13 +55,17 @@ MAX_BATCH = 256
 
 
 class _Call:
-    __slots__ = ("answered", "args", "future", "source")
+    __slots__ = ("answered", "args", "future", "resend", "sent", "source")
 
     def __init__(self, args: tuple[Any, ...], source: str | None, future: asyncio.Future[Any]):
         self.args = args
         self.source = source  # the script's source when args is an EVALSHA
         self.future = future
         self.answered = False  # a reply (or error reply) was read for it
+        self.sent = False  # written to a connection at least once
+        # safe to send again when a dropped connection lost its reply: the scripts are (they
+        # remember their reply per request id); a raw XADD with an automatic id is not
+        self.resend = True
 
 
 class Batcher:
@@ -91,9 +97,12 @@ class Batcher:
         """Run a script by SHA (``EVAL`` of ``source`` if Redis does not know it)."""
         return self._enqueue(("EVALSHA", sha, len(keys), *keys, *args), source)
 
-    def execute(self, *args: Any) -> asyncio.Future[Any]:
+    def execute(self, *args: Any, resend: bool = True) -> asyncio.Future[Any]:
         """Any other command; the reply comes back raw (no redis-py response callback)."""
-        return self._enqueue(args, None)
+        future = self._enqueue(args, None)
+        if not resend:
+            self._pending[-1].resend = False
+        return future
 
     def _enqueue(self, args: tuple[Any, ...], source: str | None) -> asyncio.Future[Any]:
         loop = self._loop
@@ -146,7 +155,16 @@ class Batcher:
 
     async def _exchange(self, conn: Any, calls: list[_Call]) -> None:
         # On a retry (the connection dropped), only what has no reply yet is re-sent.
-        todo = [c for c in calls if not c.answered]
+        todo = []
+        for call in calls:
+            if call.answered:
+                continue
+            if call.sent and not call.resend:  # it may have run: fail it, never send it twice
+                call.answered = True
+                _settle(call, RedisConnectionError("connection lost before the reply"))
+                continue
+            call.sent = True
+            todo.append(call)
         missing: list[_Call] = []
         for call, reply in zip(todo, await _roundtrip(conn, [c.args for c in todo]), strict=True):
             if isinstance(reply, NoScriptError) and call.source is not None:

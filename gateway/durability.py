@@ -7,6 +7,10 @@
   gateway's state file. A Redis whose epoch is below what this gateway saw was
   restored from an older snapshot: it is quarantined (markers removed, so every
   script fails closed) until ``fencegate init --confirm-data-loss``.
+- The per-slot high-water marks (the highest value of each slot's marker, its write
+  counter, seen in a reply) are kept in the state file too (:mod:`gateway.statefile`);
+  ``marks_check`` compares them with Redis's markers and quarantines a Redis with any slot
+  below its mark: writes the gateway saw acknowledged are gone (a restored backup).
 - ``verify_audit`` recomputes every job's audit hash chain and checks its anchors.
 
 Callers wrap these in :meth:`gateway.store.Store._guard` (Redis errors → 503).
@@ -17,17 +21,17 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import redis.asyncio as aioredis
 import structlog
 
-from gateway import audit_anchor
+from gateway import audit_anchor, statefile
 from gateway.audit_anchor import AnchorCheck
 from gateway.keys import EPOCH, MARKER, PREFIX, SLOTS, slot_marker
 
-__all__ = ["epoch_check", "initialize", "quarantine", "verify_audit"]
+__all__ = ["epoch_check", "initialize", "marks_check", "quarantine", "verify_audit"]
 
 log = structlog.get_logger("fencegate.durability")
 
@@ -39,16 +43,28 @@ async def has_fencegate_data(client: aioredis.Redis) -> bool:
 
 
 async def initialize(
-    client: aioredis.Redis, state_file: Path | None, *, auto: bool, confirm_data_loss: bool = False
+    client: aioredis.Redis,
+    state_file: Path | None,
+    *,
+    auto: bool,
+    confirm_data_loss: bool = False,
+    write: bool = True,
+    seen: Mapping[int, int] | None = None,
 ) -> str:
     """Write the durability marker when it is safe; return what happened.
 
-    ``auto`` is the implicit init at first start: it only writes the marker
-    on a Redis with no fencegate data when no earlier initialisation is
-    recorded in the state file. Otherwise ``confirm_data_loss`` is needed.
+    It only writes the marker on a Redis with no fencegate data when no earlier
+    initialisation is recorded in the state file; otherwise ``confirm_data_loss`` is
+    needed. ``write=False`` (a gateway starting on an external Redis without
+    ``redis.auto_init``) never writes: such a Redis answers ``"uninitialised"`` until an
+    operator runs ``fencegate init``. A Redis with its marker is checked against the
+    slot marks (the state file's and ``seen``) and the epoch: ``"stale_snapshot"`` when
+    it went back in time (it is then quarantined).
     """
 
     if await client.get(MARKER) is not None and not confirm_data_loss:
+        if not await marks_check(client, state_file, seen):
+            return "stale_snapshot"
         if not await epoch_check(client, state_file):
             return "stale_snapshot"
         return "present"
@@ -56,19 +72,24 @@ async def initialize(
         initialised_before(state_file) or await has_fencegate_data(client)
     ) and not confirm_data_loss:
         return "refused"
+    if not write:
+        return "uninitialised"
     value = json.dumps({"id": secrets.token_hex(8), "created_at": time.time()})
     # Slot markers first, the global one last: readiness means all are there.
     # (MSET in chunks: 16384 keys in ~30 ms with appendfsync always.)
     # A slot marker is also the slot's write counter (it only rises; see the scripts'
     # prelude). It starts at the clock in microseconds, so after an init that confirmed a
     # data loss every counter is above anything a gateway saw before it.
-    counter = str(time.time_ns() // 1000)
+    # (Above every mark this data dir recorded too, should this host's clock be behind.)
+    counter = str(max(time.time_ns() // 1000, max(read_marks(state_file).values(), default=0) + 1))
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
         await client.mset(dict.fromkeys(markers[i : i + 2048], counter))
     await client.set(MARKER, value)
-    # a fresh start: this Redis's epoch is the new baseline
-    write_state(state_file, int(await client.incr(EPOCH)))
+    # a fresh start: this Redis's epoch is the new baseline, and the old marks are void
+    epoch = int(await client.incr(EPOCH))
+    if state_file is not None:
+        statefile.update(state_file, epoch=epoch, initialised=True, reset=True)
     return "written"
 
 
@@ -79,20 +100,70 @@ def initialised_before(state_file: Path | None) -> bool:
 
 def read_state(state_file: Path | None) -> int:
     """The highest Redis epoch this gateway has seen (0: none recorded)."""
-    if state_file is None or not state_file.exists():
-        return 0
-    try:
-        return int(json.loads(state_file.read_text(encoding="utf-8")).get("epoch", 0))
-    except (ValueError, AttributeError):
-        return 0
+    return statefile.read(state_file).epoch
+
+
+def read_marks(state_file: Path | None) -> dict[int, int]:
+    """The highest value of each slot's marker recorded in the state file."""
+    return statefile.read(state_file).slots
 
 
 def write_state(state_file: Path | None, epoch: int) -> None:
+    """Record an epoch seen (merged: the file keeps the highest; safe with several workers)."""
     if state_file is not None:
-        state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"initialised": True, "epoch": epoch}), encoding="utf-8")
-        tmp.replace(state_file)
+        statefile.update(state_file, epoch=epoch, initialised=True)
+
+
+async def marks_check(
+    client: aioredis.Redis, state_file: Path | None, seen: Mapping[int, int] | None = None
+) -> bool:
+    """Compare the slot marks (the state file's, and ``seen``: a process's own) with Redis.
+
+    A slot whose marker is below its mark lost writes a gateway saw acknowledged: Redis
+    was restored from a backup, or lost a tail of writes. Every slot may have, including
+    slots no gateway touched since: the whole Redis is quarantined (markers removed, every
+    script fails closed) until ``fencegate init --confirm-data-loss``. A missing slot marker
+    is left to the scripts (that slot alone fails closed). The marks are read before the
+    markers, so a write landing meanwhile can only raise a marker.
+    """
+    marks = read_marks(state_file)
+    for slot, mark in (seen or {}).items():
+        if mark > marks.get(slot, 0):
+            marks[slot] = mark
+    if not marks:
+        return True
+    slots = sorted(marks)
+    behind: list[tuple[int, int, int]] = []
+    for i in range(0, len(slots), 2048):
+        chunk = slots[i : i + 2048]
+        # MGET across slots, as init's MSET (one reply to parse, not 2048: ~40x faster)
+        values = await client.mget([slot_marker(slot) for slot in chunk])
+        for slot, value in zip(chunk, values, strict=True):
+            if value is None:
+                continue
+            try:
+                counter = int(value)
+            except ValueError:  # a marker from before the counters: the scripts count it as 0
+                counter = 0
+            if counter < marks[slot]:
+                behind.append((slot, counter, marks[slot]))
+    if not behind:
+        return True
+    await quarantine(client)
+    slot, counter, mark = behind[0]
+    log.error(
+        "redis_slots_went_back",
+        slots_behind=len(behind),
+        slots_checked=len(slots),
+        example_slot=slot,
+        counter=counter,
+        seen=mark,
+        detail="Redis has lost writes fencegate saw acknowledged (restored from a backup, or "
+        "a lost tail of writes): it is quarantined and nothing is dispatched until an "
+        "operator runs `fencegate init --confirm-data-loss` and re-registers current "
+        "generations",
+    )
+    return False
 
 
 async def epoch_check(client: aioredis.Redis, state_file: Path | None) -> bool:

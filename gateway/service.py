@@ -535,13 +535,15 @@ class EffectService:
         """The relay's claim, safe when its reply is lost (sent again with the same request
         id; given up in Redis if that fails too). None: no verdict, look again later."""
         dispatch_id = new_request_id()
+        maybe = False  # an attempt may have run: then the claim must be given up in Redis
         for delay in (0.0, 0.05, 0.2):
             if delay:
                 await asyncio.sleep(delay)
             try:
                 return await self._store.relay_claim(keys, step, dispatch_id)
             except StoreUnavailable as exc:
-                if not exc.maybe_applied:
+                maybe = maybe or exc.maybe_applied
+                if not maybe:
                     return None
         if not await self._void(keys, step, dispatch_id):
             self._voids.add((keys, step, dispatch_id))

@@ -36,7 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway import durability
+from gateway import durability, statefile
 from gateway.audit_anchor import note_audit
 from gateway.batching import Batcher, NotSent
 from gateway.errors import (
@@ -194,6 +194,20 @@ def _dispatch_id() -> str:
 new_request_id = _dispatch_id
 
 
+MARKER_MISSING = (
+    "Redis has lost fencegate's data (the durability marker of this job's slot is "
+    "missing): fences may be gone, so nothing is dispatched. An operator must run "
+    "`fencegate init --confirm-data-loss` and re-register current generations."
+)
+UNINITIALISED = (
+    "this Redis has no fencegate durability marker and the gateway does not initialise an "
+    "external Redis on its own: if it is new, run `fencegate init --config <this config>` once "
+    "(it refuses when this Redis or data dir held fencegate data before); if it was wiped or "
+    "replaced, fences may be gone: `fencegate init --confirm-data-loss`, then re-register "
+    "current generations. Nothing is dispatched until then."
+)
+
+
 def _optional_int(raw: str) -> int | None:
     return int(raw) if raw else None
 
@@ -221,6 +235,9 @@ class Store:
         # The highest value of each slot's marker seen in a reply (slot -> counter). A reply
         # below it means the slot went back in time: the script refuses ({8, 'behind'}).
         self.slot_seen: dict[int, int] = {}
+        self._persisted: dict[int, int] = {}  # the marks the state file held at the last write
+        # the detail of a 503 for a missing slot marker (a Redis never initialised: UNINITIALISED)
+        self.marker_missing_detail = MARKER_MISSING
         self._registration = registration
         self._dispatch_timeout_ms = str(dispatch_timeout_ms)
         self._retention = str(retention_seconds)
@@ -320,27 +337,61 @@ class Store:
                     "must run `fencegate init --confirm-data-loss` and re-register current "
                     "generations."
                 )
-            raise StoreUnavailable(
-                "Redis has lost fencegate's data (the durability marker of this job's slot is "
-                "missing): fences may be gone, so nothing is dispatched. An operator must run "
-                "`fencegate init --confirm-data-loss` and re-register current generations."
-            )
+            raise StoreUnavailable(self.marker_missing_detail)
         del reply[0]
         return reply
 
     # -- durability marker ---------------------------------------------------
 
-    async def initialize(self, *, auto: bool, confirm_data_loss: bool = False) -> str:
-        """Write the durability markers when it is safe (see :mod:`gateway.durability`)."""
-        return await self._guard(
+    async def initialize(
+        self, *, auto: bool, confirm_data_loss: bool = False, write: bool = True
+    ) -> str:
+        """Write the durability markers when it is safe (see :mod:`gateway.durability`); first
+        take in the slot marks of the state file (a restart keeps its high-water marks)."""
+        self.load_marks()
+        result = await self._guard(
             lambda: durability.initialize(
-                self._client, self._state_file, auto=auto, confirm_data_loss=confirm_data_loss
+                self._client,
+                self._state_file,
+                auto=auto,
+                confirm_data_loss=confirm_data_loss,
+                write=write,
+                seen=self.slot_seen,
             )
         )
+        self.marker_missing_detail = UNINITIALISED if result == "uninitialised" else MARKER_MISSING
+        return result
+
+    def load_marks(self) -> None:
+        """Merge the state file's slot marks into :attr:`slot_seen` (per slot the maximum)."""
+        for slot, mark in durability.read_marks(self._state_file).items():
+            if mark > self.slot_seen.get(slot, 0):
+                self.slot_seen[slot] = mark
+
+    async def persist_marks(self) -> bool:
+        """Write the slot marks that rose since the last write to the state file (merged with
+        the other processes' under the file's lock; the file I/O runs in a thread). Returns
+        whether it wrote. The marks of other processes are read by :meth:`heartbeat_epoch`."""
+        if self._state_file is None:
+            return False
+        snapshot = dict(self.slot_seen)
+        if snapshot == self._persisted:
+            return False
+        done = self._persisted
+        rose = {slot: mark for slot, mark in snapshot.items() if done.get(slot) != mark}
+        await asyncio.to_thread(statefile.update, self._state_file, slots=rose)
+        self._persisted = snapshot
+        return True
 
     async def heartbeat_epoch(self) -> bool:
-        """Periodic epoch check (the app runs it every few seconds)."""
+        """Periodic check (the app runs it every ``redis.epoch_interval_seconds``): the slot
+        marks against Redis's markers, then the epoch."""
         if await self._guard(lambda: self._client.get(MARKER)) is None:
+            return False
+        self.marker_missing_detail = MARKER_MISSING  # initialised (by `fencegate init`) since
+        if not await self._guard(
+            lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
+        ):
             return False
         return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
 
@@ -385,7 +436,9 @@ class Store:
         xadd = ("XADD", audit_feed(keys.tenant), "MINID", "~", min_id, "*")
         try:  # pipelined with this tick's scripts
             await self._guard(
-                lambda: self._batcher.execute(*xadd, *(x for kv in entry.items() for x in kv))
+                lambda: self._batcher.execute(
+                    *xadd, *(x for kv in entry.items() for x in kv), resend=False
+                )
             )
         except StoreUnavailable:
             log.warning("audit_feed_copy_failed", job_id=keys.job_id, audit_id=audit_id)

@@ -199,6 +199,8 @@ def gateway_settings(
     redis_section = {
         "url": redis_url,
         "data_dir": str(tmp_path / "state"),
+        # each test's Redis is flushed and its data dir fresh: a new deployment, opted in
+        "auto_init": True,
         **sections.pop("redis", {}),
     }
     return load_settings(None, redis=redis_section, adapters=adapters, **sections)

@@ -9,6 +9,7 @@ marker) and then acts, once, on the reply chunk that follows on that connection:
 * ``hold``: forwards that chunk (and everything after it on that connection) only after
   ``seconds``. With ``seconds`` above the client's timeout: the script ran, the caller
   timed out.
+* ``lose_and_refuse``: like lose, then refuses every new connection for ``seconds``.
 * ``blackhole``: holds that reply and every later one, on every connection (new
   connections' handshakes included), until :meth:`heal`; also :meth:`blackhole` at once.
 """
@@ -39,6 +40,7 @@ class WireProxy:
         self.port = free_port()
         self.rules: list[Rule] = []
         self.blackholed = False
+        self.refuse_until = 0.0
         self._healed = asyncio.Event()
         self._conns: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -74,6 +76,9 @@ class WireProxy:
         self._healed.set()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if asyncio.get_running_loop().time() < self.refuse_until:
+            writer.transport.abort()
+            return
         try:
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
@@ -113,6 +118,13 @@ class WireProxy:
                             rule.fired.set()
                             self.blackhole()
                             await self._healed.wait()
+                        elif rule.action == "lose_and_refuse":
+                            rule.fired.set()
+                            self.refuse_until = asyncio.get_running_loop().time() + rule.seconds
+                            for w in list(self._conns):
+                                with contextlib.suppress(Exception):
+                                    w.transport.abort()
+                            return
                         elif rule.action == "lose":
                             rule.fired.set()
                             reset()

@@ -146,8 +146,10 @@ local marked = false
 if state == 'dispatching' then
   local deadline = tonumber(fx[3]) or 0
   if now < deadline then
-    -- the relay holds it: an async repeat is accepted again; a sync holder: wait
-    if ARGV[14] ~= '' and fx[6] == '1' then
+    -- the relay holds it: an async repeat of the same generation is accepted again; a
+    -- newer generation's call (its dispatch may end released, then superseded) and a
+    -- sync holder: wait
+    if ARGV[14] ~= '' and fx[6] == '1' and tonumber(fx[5]) == gen then
       return answer({5, unpack(redis.call('HGETALL', KEYS[2]))})
     end
     return answer({2, fmt(deadline - now)})

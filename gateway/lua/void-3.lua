@@ -17,17 +17,22 @@
                      or queued it for the relay ('queued'), or the step moved on
 ]]
 local prior = redis.call('GET', KEYS[3])
-if not prior then
+local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'resolving')
+-- the dispatch id is unique: a step held under it means the admit (or claim) ran, even when
+-- its remembered reply has expired (Redis was away longer than the request memory)
+local holds = fx[1] == ARGV[1] and fx[2] == 'dispatching'
+if not prior and not holds then
   redis.call('SET', KEYS[3], cjson.encode({10}), 'PX', REQ_TTL)
   return done({0, 'voided'})
 end
-local verdict = cjson.decode(prior)
-if verdict[1] == 4 then return {1, 'queued'} end
-if verdict[1] ~= 0 then return {1, 'answered'} end
-local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state')
-if fx[1] ~= ARGV[1] or fx[2] ~= 'dispatching' then return {1, fx[2] or ''} end
+if prior then
+  local verdict = cjson.decode(prior)
+  if verdict[1] == 4 then return {1, 'queued'} end
+  if verdict[1] ~= 0 then return {1, 'answered'} end
+end
+if not holds then return {1, fx[2] or ''} end
 local now = now_ms()
-if verdict[5] == '1' then
+if fx[3] == '1' then
   -- it was resolving an unknown step: the step is as unknown as it was
   redis.call('HSET', KEYS[1], 'state', 'unknown', 'updated_at', fmt(now), 'deadline', '0')
   return done({0, 'unknown'})

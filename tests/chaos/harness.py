@@ -210,6 +210,7 @@ class Gateway:
 [redis]
 url = "{redis_url}"
 data_dir = "{workdir / "state"}"
+auto_init = true
 timeout_seconds = 0.5
 [fencing]
 dispatch_timeout_seconds = {DISPATCH_TIMEOUT}

@@ -359,17 +359,27 @@ def test_two_worker_processes_append_whole_anchors_to_one_file(
     s = Serve(tmp_path, cfg, "--workers", "2")
     serves.append(s)
     s.wait_ready()
-    jobs = [f"j{i}" for i in range(24)]
-    for job in jobs:  # a new connection each: the kernel spreads them over both workers
+    path = tmp_path / "data" / "audit-anchors.jsonl"
+    jobs: list[str] = []
+    # a new connection each: the kernel spreads them over both workers (once both are up: on a
+    # busy machine the second may start late, so go on until both have anchored, bounded)
+    for i in range(400):
+        job = f"j{i}"
+        jobs.append(job)
         assert post(s, f"/v1/jobs/{job}/generations", {"generation": 2}) == 201
         body = {"adapter": "hook", "operation": "send", "payload": {}}
         assert post(s, f"/v1/jobs/{job}/effects/s", body, token=1) == 409
+        if i >= 23 and i % 8 == 7:
+            time.sleep(0.5)
+            if path.exists():
+                pids = {json.loads(line)["pid"] for line in path.read_text().splitlines()}
+                if len(pids) == 2:
+                    break
     time.sleep(0.6)
     assert s.stop(signal.SIGTERM) == 0
     out = s.output()
     assert KEY not in out
 
-    path = tmp_path / "data" / "audit-anchors.jsonl"
     text = path.read_text()
     assert KEY not in text
     lines = [json.loads(line) for line in text.splitlines()]  # every line whole

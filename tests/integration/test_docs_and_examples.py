@@ -152,3 +152,13 @@ def test_compose_file_is_consistent() -> None:
     for line in ("appendonly yes", "appendfsync always", "maxmemory-policy noeviction"):
         assert line in redis_conf
     assert (ROOT / "Dockerfile").is_file()
+    # the state file outlives the container: a wiped Redis is never taken for a new one
+    assert settings.redis.auto_init is False
+    assert f"fencegate-state:{settings.redis.data_dir}" in services["gateway"]["volumes"]
+    assert "fencegate-state" in compose["volumes"]
+    assert f"mkdir -p {settings.redis.data_dir}" in (ROOT / "Dockerfile").read_text()
+    # the one-time init shares that state, and `docker compose up` does not run it
+    init = services["init"]
+    assert init["profiles"] == ["init"] and init["command"][0] == "init"
+    assert f"fencegate-state:{settings.redis.data_dir}" in init["volumes"]
+    assert "docker compose run --rm init" in (ROOT / "README.md").read_text()

@@ -89,10 +89,13 @@ async def record(gw: Gateway, step: str, job: str = "r") -> dict[str, Any]:
 
 
 async def wait_for(gw: Gateway, step: str, states: set[str], job: str = "r") -> dict[str, Any]:
+    view: dict[str, Any] = {}
     for _ in range(400):
-        view = await record(gw, step, job)
-        if view["state"] in states:
-            return view
+        resp = await gw.client.get(f"/v1/jobs/{job}/effects/{step}")
+        if resp.status == 200:  # a 503 while a test's proxy refuses connections: look again
+            view = dict(await resp.json())
+            if view["state"] in states:
+                return view
         await asyncio.sleep(0.02)
     raise AssertionError(f"{job}:{step} never reached {states}: {view}")
 
@@ -441,3 +444,85 @@ async def test_a_rejected_call_leaves_no_key_without_a_ttl(gw: Gateway, redis_sy
     assert keys and all(redis_sync.ttl(k) > 0 for k in keys), {k: redis_sync.ttl(k) for k in keys}
     assert (await gw.register("ghost0", generation=9)).status == 201
     assert redis_sync.ttl("fg:{default/ghost0}:job") == -1
+
+
+# -- found by the second (zombie) review of the fixed code --------------------------------
+
+
+async def test_review_a_newer_generations_async_call_is_not_accepted_into_an_old_dispatch(
+    gw: Gateway, upstream: Upstream
+) -> None:
+    """Gen 1's relay dispatch is in flight; gen 2 (after a takeover) sends the same async
+    call. It was answered 202 'the relay has it' — then gen 1's dispatch ended released, the
+    claim found gen 1 below the fence and dropped the step: gen 2's accepted call was never
+    performed. It is now told the step is in progress (409) and retries."""
+    await gw.register("r", generation=1)
+    upstream.gate = asyncio.Event()
+    upstream.behaviour = 429  # known not delivered
+    assert (await gw.effect("r", "s", 1, headers=ASYNC)).status == 202
+    await upstream.arrived.wait()
+    await gw.register("r", generation=2)
+    again = await gw.effect("r", "s", 2, headers=ASYNC)
+    assert again.status == 409 and (await again.json())["code"] == "effect_in_progress"
+    upstream.gate.set()
+    await wait_for(gw, "s", {"released"})  # gen 1's attempt: not delivered, then superseded
+    upstream.behaviour = "ok"
+    ok = await gw.effect("r", "s", 2, headers=ASYNC)
+    assert ok.status == 202
+    view = await wait_for(gw, "s", {"succeeded"})
+    assert view["generation"] == 2
+    assert [r.headers["Fencing-Token"] for r in upstream.received] == ["1", "2"]
+
+
+async def test_review_a_claim_that_ran_is_voided_when_its_resend_finds_no_connection(
+    make_gateway: Any, proxy: WireProxy, upstream: Upstream
+) -> None:
+    """The relay's claim ran; its reply was lost and the re-send found no connection (Redis
+    refused new ones for a while). The claim held the step with nothing sent: it must be
+    given up in Redis (the step performed later), never left to turn unknown."""
+    gw: Gateway = await make_gateway(
+        redis={"url": proxy.url, "timeout_seconds": 0.5},
+        fencing={"dispatch_timeout_seconds": 2},
+    )
+    await register(gw, "r", 1)
+    lost = proxy.on_reply_to(b'"default","r","s"]', "lose_and_refuse", seconds=0.6, skip=2)
+    assert (await gw.effect("r", "s", 1, headers=ASYNC)).status == 202
+    view = await wait_for(gw, "s", {"succeeded", "unknown"})
+    assert lost.fired.is_set()
+    assert view["state"] == "succeeded", view
+    assert len(upstream.received) == 1
+
+
+async def test_review_a_void_recognises_an_admit_whose_remembered_reply_expired(
+    gw: Gateway, redis_sync: Any
+) -> None:
+    """Redis was away longer than the request memory: the admit's remembered reply is gone
+    when the gateway voids it. The step held under its unique dispatch id still proves it
+    ran: the void releases it (it used to write 'voided' and leave the step to turn
+    unknown with nothing sent)."""
+    await gw.register("r", generation=1)
+    keys = JobKeys("default", "r")
+    store = gw.app[K.STORE]
+    payload = {"to": "a@example.com"}
+    verdict = await store.admit(
+        keys, "s", generation=1, intent_sha256=intent_digest("hook", "send", payload),
+        adapter="hook", operation="send", worker_id="", resolvable=False,
+    )  # fmt: skip
+    assert isinstance(verdict, Admitted)
+    redis_sync.delete(keys.req(verdict.dispatch_id))  # the memory expired
+    assert await store.void(keys, "s", verdict.dispatch_id) == "released"
+    assert (await record(gw, "s"))["state"] == "released"
+
+
+async def test_review_a_lost_feed_reply_does_not_copy_a_rejection_twice(
+    make_gateway: Any, proxy: WireProxy
+) -> None:
+    """The tenant feed's copy (XADD with an automatic id) ran, its reply was lost, and the
+    auto-pipeline sent it again: two feed entries for one 409. It is never re-sent now."""
+    gw: Gateway = await make_gateway(redis={"url": proxy.url})
+    await gw.register("r", generation=2)
+    lost = proxy.on_reply_to(b"fg:audit:default", "lose")
+    assert (await gw.effect("r", "s", 1)).status == 409
+    assert lost.fired.is_set()
+    feed = await gw.audit()
+    assert [e["reason"] for e in feed] == ["stale_generation"]

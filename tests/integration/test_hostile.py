@@ -93,6 +93,7 @@ class Hostile:
 [redis]
 url = "{redis_url}"
 data_dir = "{tmp / "state"}"
+auto_init = true
 [adapters.hook]
 type = "webhook"
 url = "http://127.0.0.1:{self.hook_port}/hook"

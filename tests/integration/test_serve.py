@@ -68,7 +68,7 @@ class Serve:
                 with urllib.request.urlopen(self.url("/readyz"), timeout=1) as r:
                     if r.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):  # TimeoutError: load
+            except (urllib.error.URLError, OSError):  # refused, reset, or slow (a loaded host)
                 pass
             time.sleep(0.05)
         raise AssertionError("gateway not ready: " + self.output())
@@ -318,6 +318,7 @@ def test_external_redis_must_be_durable(tmp_path: Path, serves: list[Serve]) -> 
         )
         assert out.returncode == 3
         assert "appendonly" in out.stderr and "maxmemory-policy" in out.stderr
+        init(cfg, tmp_path, "--redis-url", volatile.url)  # an external Redis: init once
         s = Serve(tmp_path, cfg, "--redis-url", volatile.url, "--allow-volatile-redis")
         serves.append(s)
         s.wait_ready()
@@ -325,6 +326,52 @@ def test_external_redis_must_be_durable(tmp_path: Path, serves: list[Serve]) -> 
         assert s.stop() == 0
     finally:
         volatile.stop()
+
+
+def init(cfg: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "init", "--config", str(cfg), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+def test_external_redis_with_appendfsync_everysec_is_refused(
+    tmp_path: Path, serves: list[Serve]
+) -> None:
+    """appendonly yes is not enough: with appendfsync everysec a crash of the host loses the
+    last second of acknowledged writes (a registration, a recorded outcome)."""
+    server = EmbeddedRedis(tmp_path / "everysec", use_socket=False)
+    server.start()
+    try:
+        import redis
+
+        c = redis.Redis.from_url(server.url, decode_responses=True)
+        c.config_set("appendfsync", "everysec")  # appendonly yes, noeviction: all else durable
+        assert c.config_get("appendonly")["appendonly"] == "yes"
+        c.close()
+        cfg = write_config(tmp_path)
+        out = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg),
+             "--redis-url", server.url],
+            capture_output=True, text=True, timeout=30, cwd=tmp_path,
+        )  # fmt: skip
+        assert out.returncode == 3, out.stderr
+        refusal = next(
+            json.loads(line) for line in out.stderr.splitlines() if "redis_not_durable" in line
+        )
+        assert refusal["detail"].startswith("appendfsync is 'everysec' (need 'always'): ")
+        # the operator's explicit waiver starts it, loudly
+        init(cfg, tmp_path, "--redis-url", server.url)
+        s = Serve(tmp_path, cfg, "--redis-url", server.url, "--allow-volatile-redis")
+        serves.append(s)
+        s.wait_ready()
+        assert "REDIS_NOT_DURABLE" in s.output() and "appendfsync" in s.output()
+        assert s.stop() == 0
+    finally:
+        server.stop()
 
 
 def test_init_command(tmp_path: Path) -> None:

@@ -1,0 +1,781 @@
+"""The one place where a model actor's step becomes a call of the real store.
+
+Re-point this module when the store API, the scripts or the relay change; the
+explorer (:mod:`tests.model.explore`) and the invariants
+(:mod:`tests.model.invariants`) only see what the step functions below return.
+
+Every step is ONE call of :class:`gateway.store.Store` against a real
+redis-server (at most one Lua script per step: each script is atomic, so the
+interleavings are over steps), or one gateway-side action (a downstream send).
+Each step function names the service code it mirrors (``gateway/service.py``
+of fe3ffa8 and after: the relay under the fence, re-send-safe scripts).
+
+Faults on the wire are injected by :class:`Wire`, which stands where
+:class:`gateway.batching.Batcher` stands: ``lost`` runs the script, drops the
+reply and runs the very same EVALSHA again (what the batcher does after a
+connection error: the script already ran), ``timeout`` runs the script and
+raises a timeout (the store marks it ``maybe_applied``; the service sends it
+again later, with the same request id, as its own step).
+
+Time. Everything runs on the real clocks, as the service does (Redis ``TIME``
+in the scripts, ``time.time()`` for queue hints), but every timer is an hour
+long: the dispatch timeout the scripts get, the relay's retry delay. So no
+timer fires during a run, and the explorer's ``advance`` action is the only
+way time passes: it fires every timer at once (:meth:`Driver.advance`: stored
+deadlines into the past, every future queue score and hint due; the gateway
+side marks its in-flight deadlines passed and its sweep due). Queue scores
+enter the state as due / later, so runs are exact and reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+import gateway.store as store_module
+from gateway.errors import (
+    EffectNotUnknown,
+    FencegateError,
+    NotFound,
+    Rejection,
+    StoreUnavailable,
+)
+from gateway.intents import intent_digest
+from gateway.keys import JobKeys, relay_hint
+from gateway.records import Admitted, InProgress, Queued, RelayClaim, Replay
+from gateway.records import Unknown as UnknownVerdict
+from gateway.store import Store
+
+TENANT, JOB = "t", "j"
+KEYS = JobKeys(TENANT, JOB)
+ADAPTER, OPERATION = "hook", "refund"
+
+HOUR_MS = 3_600_000
+REDIS_DISPATCH_MS = HOUR_MS  # the dispatch timeout the scripts get: no deadline passes alone
+RELAY_RETRY_MS = HOUR_MS  # service._RELAY_RETRY_MS (1 s): a released relay step is due again
+IN_PROGRESS_SLACK_MS = 50  # _relay_one: "look again after its deadline" + 50 ms
+RECORD_TRIES = 6  # _record: one try and len(_RECORD_BACKOFF) retries
+CLAIM_TRIES = 3  # _claim: (0.0, 0.05, 0.2), then void
+RELAY_PER_TENANT = 16  # relay_forever(per_tenant=16)
+RETENTION_S = 7 * 86_400
+REQUEST_MEMORY_S = 3600  # redis.request_memory_seconds: no remembered reply expires in a run
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# What the downstream can do with a send (the explorer branches on each allowed one):
+#   ok       delivered, the adapter says Delivered            -> record succeeded
+#   refused  connection refused, NotDelivered (not delivered) -> record released
+#   timeout  sent and delivered, but the reply never came     -> record unknown
+#   lost     timed out and never arrived (not delivered)      -> record unknown
+#   failed   permanent refusal, Failed (not delivered)        -> record failed
+DELIVERS = {"ok": True, "refused": False, "timeout": True, "lost": False, "failed": False}
+RECORDS = {
+    "ok": "succeeded",
+    "refused": "released",
+    "timeout": "unknown",
+    "lost": "unknown",
+    "failed": "failed",
+    "late": "released",  # _send: the gateway's own deadline passed, nothing sent
+}
+
+
+def payload_json(payload: Any) -> str:
+    # EffectService.perform: json.dumps(payload, separators=(",", ":"))
+    return json.dumps(payload, separators=(",", ":"))
+
+
+def digest(payload: Any) -> str:
+    return intent_digest(ADAPTER, OPERATION, payload)
+
+
+# -- what the actors remember (frozen: part of the explored state) -----------------
+
+
+@dataclass(frozen=True)
+class Auth:
+    """What authorised a send, read from Redis right after the admit or claim that granted it."""
+
+    by: str  # "admit" | "relay_claim"
+    gen: int  # the generation the send carries
+    fence: int  # the job's fence right after the authorising script
+    cancelled: bool
+    pinned: str  # the step's intent_sha256 right after the authorising script
+    was: str = ""  # the step's state right before it ("-" : no record)
+    resolved: bool = False  # an operator had resolved the step before it
+
+    @property
+    def what(self) -> str:
+        op = ", operator-resolved" if self.resolved else ""
+        return f"{self.by} of a {self.was}{op} step"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    name: str
+    gen: int
+    step: str
+    mode: str  # "sync" | "async"
+    payload: tuple[tuple[str, Any], ...]  # a dict, frozen
+    retries: int = 0  # SDK retries on effect_in_progress / adapter_unavailable / 503
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return dict(self.payload)
+
+
+@dataclass(frozen=True)
+class WorkerLocal:
+    # start -> [resend ->] admitted -> sent -> done   (sync; "void" when a re-send gives up)
+    # start -> [resend ->] hint -> done               (async)
+    pc: str = "start"
+    did: str = ""  # the admit's dispatch id = its request id
+    rid: str = ""  # the record's request id (one for every try)
+    auth: Auth | None = None
+    late: bool = False  # an advance happened since it took the step / sent the admit
+    outcome: str = ""
+    tries: int = 0
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class RelayLocal:
+    # idle -> (sweep | poll) -> batch -> claim [-> resend* -> void] -> claimed -> sent
+    #      -> hint | unhint -> batch | idle
+    pc: str = "idle"
+    sweep: bool = True  # relay_forever sweeps at start and every sweep_seconds
+    batch: tuple[str, ...] = ()  # the steps relay_due returned
+    idx: int = 0
+    did: str = ""
+    rid: str = ""
+    gen: int = 0
+    payload: str = ""
+    auth: Auth | None = None
+    late: bool = False
+    outcome: str = ""
+    tries: int = 0
+    due: int = 0  # the hint's score (ms) for pc == "hint"
+
+    @property
+    def step(self) -> str:
+        return self.batch[self.idx]
+
+
+@dataclass
+class Effects:
+    """What one step did besides changing its actor's memory and Redis."""
+
+    text: str
+    sends: list[Send] = field(default_factory=list)
+    acks: list[tuple[Any, ...]] = field(default_factory=list)
+    rejections_seen: list[str] = field(default_factory=list)  # audit ids the caller saw
+
+
+@dataclass(frozen=True)
+class Send:
+    """One request that reached (or was sent towards) the downstream."""
+
+    step: str
+    gen: int
+    payload: str
+    digest: str
+    delivered: bool
+    by: str
+    auth: Auth
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.step, self.gen, self.digest, self.delivered)
+
+
+# -- the wire: a real Redis, with lost replies and timeouts on demand ---------------
+
+
+@dataclass
+class Resend:
+    script: str
+    first: list[Any]
+    second: list[Any]
+    state_before: Any
+    state_after: Any
+
+
+class Wire:
+    """Where :class:`gateway.batching.Batcher` stands: every script of the store comes here."""
+
+    def __init__(self, client: redis.Redis, names: dict[str, str], snapshot: Callable[[], Any]):
+        self.r = client
+        self.names = names  # sha -> script name
+        self.snapshot = snapshot
+        self.mode = "ok"
+        self.replies: list[tuple[str, str, list[Any]]] = []  # (script, request id, reply)
+        self.resends: list[Resend] = []
+        # request id -> (fence, cancelled, pinned intent, state before, resolved before) as
+        # the first run of an admit / relay claim saw them (ids are unique in a run)
+        self.ran: dict[str, tuple[int, bool, str, str, bool]] = {}
+
+    def _eval(self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]) -> Any:
+        name = self.names.get(sha, sha)
+        rid = args[-4]  # the prelude's trailer: request id, memory, seen, audit key
+        fx = {"admit-5": keys[1], "relay-4": keys[0]}.get(name)
+        if fx and rid not in self.ran:  # what the authorising run sees before it runs
+            state, resolved = self.r.hmget(fx, "state", "resolved_by")
+        try:
+            reply = self.r.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            assert source is not None
+            reply = self.r.eval(source, len(keys), *keys, *args)
+        if fx and rid not in self.ran:
+            # An authorising script's run, read right after it: a re-send of the same request
+            # gets its remembered reply, so the authority is this run's, not the re-send's.
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hmget(keys[0] if name == "admit-5" else keys[1], "fence", "cancelled")
+            pipe.hget(fx, "intent_sha256")
+            (fence, cancelled), pinned = pipe.execute()
+            self.ran[rid] = (int(fence or 0), cancelled == "1", pinned or "", state or "-",
+                             bool(resolved))  # fmt: skip
+        self.replies.append((name, rid, reply[1:]))  # {seq, code, ...}
+        return reply
+
+    async def evalsha(
+        self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]
+    ) -> Any:
+        mode, self.mode = self.mode, "ok"  # a fault hits one script call
+        reply = self._eval(sha, source, keys, args)
+        if mode == "lost":  # the connection dropped after the script ran: the batcher re-sends
+            before = self.snapshot()
+            second = self._eval(sha, source, keys, args)
+            name = self.names[sha]
+            self.resends.append(Resend(name, reply[1:], second[1:], before, self.snapshot()))
+            return second
+        if mode == "timeout":  # the script ran; the caller gets no reply
+            raise RedisTimeoutError("model: no reply within redis.timeout_seconds")
+        return reply
+
+    async def execute(self, *args: Any, resend: bool = True) -> Any:
+        """Batcher.execute: the audit feed copy (``resend`` only matters on a real wire)."""
+        return self.r.execute_command(*args)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def writes_audit(script: str, reply: list[Any]) -> bool:
+    """Whether a script's reply says it wrote an audit entry (I-audit counts them)."""
+    code = int(reply[0])
+    if code == 9:  # every rejection is audited by the script that decided it
+        return True
+    if script == "admit-5" and code == 0:  # a superseded pending step
+        return bool(reply[5])
+    if script == "admit-5" and code == 4:
+        return bool(reply[1])
+    if script == "relay-4" and code == 3:  # released as superseded / lease_expired
+        return bool(reply[2])
+    return script == "resolve-4" and code == 0  # operator_resolved_<outcome>
+
+
+def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
+    """What a caller concludes from a script's reply (Store's conversion, in short): a
+    re-sent call must conclude the same (I-resend). Clock readings are left out."""
+    code = int(reply[0])
+    if code == 9:  # rejected: reason, presented, current, audit id
+        return (9, *reply[1:5])
+    if script == "admit-5":
+        if code in (0, 4):  # Admitted(...) / Queued, with the superseded audit id
+            return (code, *reply[1:])
+        if code == 5:  # Queued: accepted again
+            return ("queued",)
+        if code == 2:  # InProgress(retry_after_ms = deadline - now)
+            return (2,)
+        rec = dict(zip(reply[1::2], reply[2::2], strict=True))  # Replay / Unknown
+        return (code, rec.get("state"), rec.get("generation"), rec.get("intent_sha256"))
+    if script in ("register-2", "cancel-1"):  # 201 / 200 "already": the documented retry
+        return ("ok", *reply[1:])
+    return tuple(reply)
+
+
+# -- the driver -------------------------------------------------------------------------
+
+
+class Driver:
+    """A real Store on a real Redis, and the step functions of every actor."""
+
+    def __init__(self, url: str, *, dedupes: bool, steps: Sequence[str]) -> None:
+        self.r = redis.Redis.from_url(url, decode_responses=True)
+        # DUMP payloads are bytes: decoded with surrogateescape they survive the round trip
+        # as str (and hiredis does the decoding)
+        self.rb = redis.Redis.from_url(
+            url, decode_responses=True, encoding_errors="surrogateescape"
+        )
+        self._read_sha = self.rb.script_load(_READ_LUA)
+        self._restore_sha = self.rb.script_load(_RESTORE_LUA)
+        self.aclient = aioredis.Redis.from_url(url, decode_responses=True)
+        self.store = Store(
+            self.aclient,
+            registration="required",
+            dispatch_timeout_ms=REDIS_DISPATCH_MS,
+            retention_seconds=RETENTION_S,
+            request_memory_seconds=REQUEST_MEMORY_S,
+        )
+        self.steps = tuple(steps)
+        self.dedupes = dedupes  # the adapter's capabilities: dedupes_by_key, no lookup
+        names = {sha: name for name, sha in self.store._shas.items()}
+        self.wire = Wire(self.r, names, self.raw_state)
+        self.store._batcher = self.wire  # type: ignore[assignment]
+        # Dispatch and request ids: unique per run and recognisable (the explorer names them
+        # by the actor that holds them).
+        self._ids = itertools.count(1)
+        self._saved_id = store_module._dispatch_id
+        store_module._dispatch_id = self.new_id
+
+    def new_id(self) -> str:
+        return f"d-{next(self._ids)}"
+
+    def mutate(self, script: str, old: str, new: str) -> None:
+        """Load a deliberately broken variant of one script (mutation test of the explorer)."""
+        src = self.store._sources[script]
+        if old not in src:
+            raise LookupError(f"{old!r} is not in {script}: update the mutation")
+        src = src.replace(old, new)
+        sha = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+        self.store._sources[script] = src
+        self.store._shas[script] = sha
+        self.wire.names[sha] = script
+
+    async def setup(self) -> None:
+        """The initial state: the slot's durability marker, generation 1 registered."""
+        old = self.r.keys("fg:*")
+        if old:
+            self.r.delete(*old)
+        self.r.set(KEYS.marker, "1")
+        self.before_step()
+        await self.store.register(KEYS, 1, None)
+
+    def before_step(self) -> None:
+        # The store's high-water mark of the slot counter is gateway memory; exploring goes
+        # back to earlier states on purpose (a restore is not a lost write here).
+        self.store.slot_seen.clear()
+
+    async def aclose(self) -> None:
+        store_module._dispatch_id = self._saved_id
+        await self.aclient.aclose()
+        self.r.close()
+        self.rb.close()
+
+    # -- state of Redis: snapshot, restore, canonical view -------------------------------
+
+    def read(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """Every ``fg:*`` key as data (see :meth:`raw_state`) and its DUMP: one command."""
+        reply = self.rb.evalsha(self._read_sha, 0)
+        dumps: dict[str, str] = {}
+        keys: dict[str, tuple[str, Any]] = {}
+        for name, kind, dump, content in zip(*(reply[i::4] for i in range(4)), strict=True):
+            dumps[name] = dump
+            keys[name] = (kind, content)
+        return self._raw(keys), dumps
+
+    def restore(self, dumps: dict[str, str]) -> None:
+        """Put back a snapshot taken by :meth:`read`: one command."""
+        args = [x.encode("utf-8", "surrogateescape") for kv in dumps.items() for x in kv]
+        self.rb.evalsha(self._restore_sha, 0, *args)
+
+    def raw_state(self) -> dict[str, Any]:
+        return self.read()[0]
+
+    def _raw(self, keys: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+        def content(name: str, default: Any) -> Any:
+            return keys[name][1] if name in keys else default
+
+        raw: dict[str, Any] = {
+            "job": _pairs(content(KEYS.job, [])),
+            "audit": [(i, _pairs(f)) for i, f in content(KEYS.audit, [])],
+            "queue": _zset(content(KEYS.relayq, [])),  # the truth: per-slot relay queue
+            "hints": _zset(content(relay_hint(TENANT), [])),
+            "fx": {s: _pairs(content(KEYS.effect(s), [])) for s in self.steps},
+            "keys": keys,
+        }
+        return raw
+
+    TIME_FIELDS = frozenset(
+        {"updated_at", "created_at", "registered_at", "cancelled_at", "audit_head", "at", "prev"}
+        | {"hash", "job_audit_id", "attempts", "audit_last"}
+    )
+    ID_FIELDS = frozenset({"dispatch_id"})  # values: ids the actors hold
+
+    def canonical(self, raw: dict[str, Any], ids: dict[str, str] | None = None) -> tuple[Any, ...]:
+        """The Redis part of the explored state, every ``fg:*`` key: clock readings (and the
+        slot counter, and ``attempts``, which no script reads) dropped, deadlines as
+        live/past, sorted-set scores as due/later, dispatch and request ids named by the
+        actor that holds them (``ids``). A remembered reply whose request id no actor holds
+        is left out: nothing will ever send that request again."""
+        t = now_ms()
+
+        def fields(h: dict[str, str]) -> tuple[tuple[str, str], ...]:
+            out = []
+            for k, v in sorted(h.items()):
+                if k in self.TIME_FIELDS:
+                    continue
+                if k == "deadline":
+                    v = deadline_class(v)
+                elif ids is not None and k in self.ID_FIELDS and v:
+                    v = "held:" + ids[v] if v in ids else "orphan"
+                out.append((k, v))
+            return tuple(out)
+
+        out = []
+        for name, (kind, c) in sorted(raw["keys"].items()):
+            if name == KEYS.marker:
+                out.append((name, "marker"))  # its value counts writes
+            elif ":req:" in name:
+                rid = name.rsplit(":", 1)[1]
+                if ids is None:
+                    out.append((name, c))
+                elif rid in ids:
+                    out.append(("req:" + ids[rid], _TIMES.sub("T", c)))
+            elif kind == "hash":
+                out.append((name, fields(_pairs(c))))
+            elif kind == "stream":
+                out.append((name, tuple(fields(_pairs(f)) for _, f in c)))
+            elif kind == "zset":
+                z = sorted((m, "due" if sc <= t else "later") for m, sc in _zset(c))
+                out.append((name, tuple(z)))
+            elif kind == "set":
+                out.append((name, tuple(sorted(c))))
+            else:
+                out.append((name, c))
+        return tuple(out)
+
+    def advance(self) -> None:
+        """Time passes beyond every timer set so far (see the module doc): stored dispatch
+        deadlines into the past, every future queue score and hint due."""
+        t = now_ms()
+        for s in self.steps:
+            d = self.r.hget(KEYS.effect(s), "deadline")
+            if d is not None and deadline_class(d) == "live":
+                self.r.hset(KEYS.effect(s), "deadline", "1")
+        for z in (KEYS.relayq, relay_hint(TENANT)):
+            for m, sc in self.r.zrange(z, 0, -1, withscores=True):
+                if sc > t:
+                    self.r.zadd(z, {m: t})
+
+    def authority(self, by: str, gen: int, rid: str) -> Auth:
+        """Fence, cancellation and pinned intent as the authorising script's run saw them."""
+        fence, cancelled, pinned, was, resolved = self.wire.ran[rid]
+        return Auth(by, gen, fence, cancelled, pinned, was, resolved)
+
+    # -- worker: EffectService.perform -> _admit -> _dispatch -> _send -> _record ----------
+
+    async def worker_admit(self, w: WorkerSpec, local: WorkerLocal) -> tuple[WorkerLocal, Effects]:
+        """perform() -> _admit(): the admit, its dispatch id = its request id; a re-send (pc
+        "resend") carries the same one."""
+        pj = payload_json(w.body) if w.mode == "async" else ""
+        did = local.did or self.new_id()
+        resend = " (sent again)" if local.pc == "resend" else ""
+        try:
+            v = await self.store.admit(
+                KEYS,
+                w.step,
+                generation=w.gen,
+                intent_sha256=digest(w.body),
+                adapter=ADAPTER,
+                operation=OPERATION,
+                worker_id=w.name,
+                resolvable=self.dedupes,
+                payload_json=pj,
+                dispatch_id=did,
+            )
+        except StoreUnavailable as exc:
+            if exc.maybe_applied:  # _admit: sent again with the same id, until the grace
+                return replace(local, pc="resend", did=did), Effects(f"admit{resend}: no reply")
+            return self._finish(w, local, f"admit{resend}: 503 store_unavailable", retry=True)
+        except Rejection as exc:
+            done, fx = self._finish(w, local, f"admit{resend}: 409 {exc.code}")
+            fx.rejections_seen.append(exc.code)
+            return done, fx
+        if isinstance(v, Admitted):
+            auth = self.authority("admit", w.gen, did)
+            res = " resolving" if v.resolving else ""
+            return replace(local, pc="admitted", did=v.dispatch_id, auth=auth), Effects(
+                f"admit{resend}: admitted{res}"
+            )
+        if isinstance(v, Queued):  # 202 after the hint
+            return replace(local, pc="hint", did=""), Effects(f"admit{resend}: queued {v.state}")
+        if isinstance(v, Replay):
+            st = v.record.state
+            code = "200 replayed" if st == "succeeded" else f"424 replayed {st}"
+            done, fx = self._finish(w, local, f"admit{resend}: {code}")
+            fx.acks.append(("fx", w.step, st))
+            return done, fx
+        if isinstance(v, InProgress):
+            return self._finish(w, local, f"admit{resend}: 409 effect_in_progress", retry=True)
+        assert isinstance(v, UnknownVerdict)
+        return self._finish(w, local, f"admit{resend}: 409 outcome_unknown")
+
+    async def worker_give_up(
+        self, w: WorkerSpec, local: WorkerLocal
+    ) -> tuple[WorkerLocal, Effects]:
+        """_admit past its grace: async -> 503 "may have been queued"; sync -> void the admit
+        (Store.void; if Redis does not answer, the process retries it later: retry_voids)."""
+        if w.mode == "async":
+            return self._finish(w, replace(local, did=""), "503 (the call may have been queued)")
+        try:
+            what = await self.store.void(KEYS, w.step, local.did)
+        except StoreUnavailable:
+            return replace(local, pc="void"), Effects("void: no reply (retried later)")
+        return self._finish(w, replace(local, did=""), f"void: {what}; 503 store_unavailable")
+
+    def _finish(
+        self, w: WorkerSpec, local: WorkerLocal, text: str, *, retry: bool = False
+    ) -> tuple[WorkerLocal, Effects]:
+        # gateway.client: the SDK retries effect_in_progress and adapter_unavailable (and a
+        # caller may retry a 503) with the same intent: a new call from the start.
+        if retry and local.retries < w.retries:
+            return WorkerLocal(retries=local.retries + 1), Effects(text + " (will retry)")
+        return replace(local, pc="done", did="", rid=""), Effects(text)
+
+    async def worker_hint(self, w: WorkerSpec, local: WorkerLocal) -> tuple[WorkerLocal, Effects]:
+        """perform(respond_async): relay_hint after the admit queued the step; then 202."""
+        await self.store.relay_hint(KEYS, w.step, now_ms())
+        acks = [("async", w.step, w.gen, digest(w.body))]
+        return replace(local, pc="done"), Effects("relay_hint; 202 pending", acks=acks)
+
+    # -- the send, shared by the worker and the relay (_dispatch -> _send) -------------
+
+    def send(self, by: str, step: str, gen: int, pj: str, auth: Auth, outcome: str) -> Effects:
+        """_send: re-check the own deadline (late: nothing is sent), then the adapter."""
+        if outcome == "late":
+            return Effects("deadline passed: not sent")
+        delivered = DELIVERS[outcome]
+        s = Send(step, gen, pj, digest(json.loads(pj)), delivered, by, auth)
+        return Effects(f"send gen={gen} {pj} -> {outcome}", sends=[s])
+
+    async def record(self, step: str, did: str, rid: str, outcome: str) -> tuple[bool | None, str]:
+        """_record: one try of record-2 (held; None: no answer, the caller tries again with
+        the same request id)."""
+        state = RECORDS[outcome]
+        result = {"n": 1} if state == "succeeded" else None
+        error = None if state == "succeeded" else {"reason": outcome}
+        try:
+            held, _ = await self.store.record(
+                KEYS, step, did, state, result=result, error=error,  # type: ignore[arg-type]
+                request_id=rid, retry_due_ms=now_ms() + RELAY_RETRY_MS,
+            )  # fmt: skip
+        except StoreUnavailable:
+            return None, state
+        return held, state
+
+    async def worker_record(self, w: WorkerSpec, local: WorkerLocal) -> tuple[WorkerLocal, Effects]:
+        """_dispatch: record the outcome, then _respond."""
+        rid = local.rid or self.new_id()
+        held, state = await self.record(w.step, local.did, rid, local.outcome)
+        if held is None:
+            if local.tries + 1 < RECORD_TRIES:
+                return replace(local, rid=rid, tries=local.tries + 1), Effects(
+                    "record: no reply, trying again"
+                )
+            return replace(local, pc="done", did="", rid=""), Effects("record gave up: 504")
+        lost = "" if held else " (lost the step)"
+        text = {
+            "succeeded": "200 succeeded",
+            "failed": "424 effect_failed",
+            "released": "502 adapter_unavailable",
+            "unknown": "504 outcome_unknown",
+        }[state]
+        done, fx = self._finish(
+            w, local, f"record {state}{lost}: {text}", retry=state == "released"
+        )
+        if state in ("succeeded", "failed"):  # _respond answers from the outcome, held or not
+            fx.acks.append(("fx", w.step, state))
+        return done, fx
+
+    # -- relay: EffectService.relay_forever / _claim / _relay_one ----------------------
+
+    async def relay_sweep(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """relay_forever -> Store.sweep, on the one slot a model job lives in: hint every due
+        entry of the slot's queue (the same calls Store.sweep makes for that slot)."""
+        rows = await self.aclient.zrangebyscore(
+            KEYS.relayq, "-inf", now_ms(), start=0, num=100, withscores=True
+        )
+        for member, score in rows:
+            tenant, job_id, step = json.loads(member)
+            await self.store.relay_hint(JobKeys(tenant, job_id), step, int(score))
+        found = ",".join(json.loads(m)[2] for m, _ in rows) or "nothing"
+        return replace(local, sweep=False), Effects(f"sweep: {found}")
+
+    async def relay_poll(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """relay_forever: relay_due(now, per_tenant)."""
+        try:
+            due = await self.store.relay_due(now_ms(), RELAY_PER_TENANT)
+        except StoreUnavailable:
+            return local, Effects("relay_due: 503")
+        batch = tuple(step for _, step, _ in due)
+        if not batch:
+            return local, Effects("relay_due: nothing")
+        return replace(local, pc="batch", batch=batch, idx=0), Effects(
+            f"relay_due: {','.join(batch)}"
+        )
+
+    def relay_next(self, local: RelayLocal) -> RelayLocal:
+        if local.idx + 1 < len(local.batch):
+            return RelayLocal(pc="batch", sweep=local.sweep, batch=local.batch, idx=local.idx + 1)
+        return RelayLocal(sweep=local.sweep)
+
+    async def relay_claim(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """_relay_one -> _claim: relay_claim (a re-send, pc "resend", carries the same id)."""
+        step = local.step
+        did = local.did or self.new_id()
+        again = " (sent again)" if local.pc == "resend" else ""
+        try:
+            c = await self.store.relay_claim(KEYS, step, did)
+        except StoreUnavailable as exc:
+            if exc.maybe_applied and local.tries + 1 < CLAIM_TRIES:
+                return replace(local, pc="resend", did=did, tries=local.tries + 1), Effects(
+                    f"relay_claim {step}{again}: no reply"
+                )
+            if exc.maybe_applied:
+                return replace(local, pc="void", did=did), Effects(
+                    f"relay_claim {step}{again}: no reply, giving up"
+                )
+            return self.relay_next(local), Effects(f"relay_claim {step}{again}: 503")
+        if isinstance(c, str):  # nothing to send: the step left the queue
+            return replace(local, pc="unhint", did=""), Effects(
+                f"relay_claim {step}{again}: nothing ({c})"
+            )
+        if isinstance(c, int):  # someone dispatches it: look again after its deadline
+            return replace(local, pc="hint", did="", due=c + IN_PROGRESS_SLACK_MS), Effects(
+                f"relay_claim {step}{again}: in progress"
+            )
+        assert isinstance(c, RelayClaim)
+        auth = self.authority("relay_claim", c.generation, did)
+        pj = payload_json(c.payload)
+        claimed = replace(
+            local, pc="claimed", did=c.dispatch_id, gen=c.generation, payload=pj, auth=auth
+        )
+        return claimed, Effects(f"relay_claim {step}{again}: claimed gen={c.generation} {pj}")
+
+    async def relay_void(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """_claim gave up: Store.void (if Redis does not answer: retry_voids, later)."""
+        try:
+            what = await self.store.void(KEYS, local.step, local.did)
+        except StoreUnavailable:
+            return local, Effects("void: no reply (retried later)")
+        return self.relay_next(local), Effects(f"void: {what}")
+
+    async def relay_record(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """_relay_one -> _spawn -> _dispatch -> _record; released -> hinted again later."""
+        rid = local.rid or self.new_id()
+        held, state = await self.record(local.step, local.did, rid, local.outcome)
+        if held is None:
+            if local.tries + 1 < RECORD_TRIES:
+                return replace(local, rid=rid, tries=local.tries + 1), Effects(
+                    "record: no reply, trying again"
+                )
+            return replace(local, pc="unhint", did="", rid=""), Effects("record gave up")
+        lost = "" if held else " (lost the step)"
+        if state == "released":  # AdapterUnavailable: relay_hint(now + _RELAY_RETRY_MS)
+            return replace(local, pc="hint", did="", rid="", due=now_ms() + RELAY_RETRY_MS), (
+                Effects(f"record {state}{lost}")
+            )
+        return replace(local, pc="unhint", did="", rid=""), Effects(f"record {state}{lost}")
+
+    async def relay_unhint(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        await self.store.relay_unhint(KEYS, local.step)
+        return self.relay_next(local), Effects(f"relay_unhint {local.step}")
+
+    async def relay_hint(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        await self.store.relay_hint(KEYS, local.step, local.due)
+        later = "later" if local.due > now_ms() else "now"
+        return self.relay_next(local), Effects(f"relay_hint {local.step} ({later})")
+
+    # -- scheduler and operator ----------------------------------------------------------
+
+    async def register(self, gen: int) -> tuple[str, Effects]:
+        """handlers: POST /v1/jobs/{job}/generations {"generation": gen}."""
+        try:
+            reg = await self.store.register(KEYS, gen, None)
+        except StoreUnavailable:
+            return "retry", Effects(f"register({gen}): 503")
+        except Rejection as exc:
+            return "next", Effects(f"register({gen}): 409 {exc.code}", rejections_seen=[exc.code])
+        code = "201" if reg.created else "200"
+        return "next", Effects(f"register({gen}): {code}", acks=[("fence", gen)])
+
+    async def cancel(self) -> tuple[str, Effects]:
+        try:
+            await self.store.cancel(KEYS)
+        except StoreUnavailable:
+            return "retry", Effects("cancel: 503")
+        return "next", Effects("cancel: 200", acks=[("cancelled",)])
+
+    async def resolve(self, step: str, delivered: bool) -> Effects:
+        """POST .../resolve: the operator says what the downstream shows (truthfully)."""
+        outcome = "delivered" if delivered else "not_delivered"
+        result = {"n": 1} if delivered else None
+        try:
+            rec = await self.store.resolve(
+                KEYS, step, delivered=delivered, result=result, operator="op"
+            )
+        except StoreUnavailable:
+            return Effects(f"resolve {step} {outcome}: 503")
+        except (EffectNotUnknown, NotFound) as exc:
+            return Effects(f"resolve {step} {outcome}: 409 {exc.code}")
+        acks = [("fx", step, rec.state)] if rec.state == "succeeded" else []
+        return Effects(f"resolve {step} {outcome}: {rec.state}", acks=acks)
+
+
+# Test-side helpers (not protocol): the state of every key in one reply, and back.
+# KEYS: job, steps, audit, relay, feed, fx... (Driver.keys order)
+_READ_LUA = """
+local out = {}
+for _, k in ipairs(redis.call('KEYS', 'fg:*')) do
+  local kind = redis.call('TYPE', k)['ok']
+  local c
+  if kind == 'hash' then c = redis.call('HGETALL', k)
+  elseif kind == 'stream' then c = redis.call('XRANGE', k, '-', '+')
+  elseif kind == 'zset' then c = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES')
+  elseif kind == 'set' then c = redis.call('SMEMBERS', k)
+  else c = redis.call('GET', k) end
+  out[#out + 1] = k
+  out[#out + 1] = kind
+  out[#out + 1] = redis.call('DUMP', k)
+  out[#out + 1] = c
+end
+return out
+"""
+_RESTORE_LUA = """
+local cur = redis.call('KEYS', 'fg:*')
+if #cur > 0 then redis.call('DEL', unpack(cur)) end
+for i = 1, #ARGV, 2 do redis.call('RESTORE', ARGV[i], 0, ARGV[i + 1]) end
+return 1
+"""
+_TIMES = re.compile(r"\d{13}(-\d+)?")  # ms clock readings and stream ids in a remembered reply
+
+
+def _zset(flat: list[str]) -> list[tuple[str, float]]:
+    return [(m, float(sc)) for m, sc in zip(flat[::2], flat[1::2], strict=True)]
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def deadline_class(v: str) -> str:
+    n = int(v or 0)
+    return "0" if n == 0 else ("past" if n < 10**12 else "live")
+
+
+Step = Callable[[], Awaitable[tuple[Any, Effects]]]
+__all__ = ["Driver", "FencegateError"]

@@ -1,0 +1,695 @@
+"""Exhaustive exploration of the protocol: every interleaving of the real scripts, small bounds.
+
+    python -m tests.model.explore                      # the default bound (as in make test)
+    python -m tests.model.explore --bound large        # the larger one (make chaos)
+    python -m tests.model.explore --bound holes        # the scenarios of holes 1-3
+    python -m tests.model.explore --scenario takeover  # one scenario of any bound
+
+A state is (Redis, canonical: clock readings dropped, dispatch ids named by the
+actor that holds them; every actor's program counter and memory; the
+downstream's log; the verdicts callers saw; the budgets left). Breadth-first
+from the initial state, each distinct state once (memoized by a hash), so the
+first violation of each invariant comes with a shortest trace. Between
+branches Redis is put back from a DUMP/RESTORE snapshot of every key a run
+writes (``--restore replay`` replays the path from the initial state instead,
+for comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gateway.embedded import EmbeddedRedis
+from tests.model import invariants as inv
+from tests.model.driver import (
+    Driver,
+    Effects,
+    RelayLocal,
+    Send,
+    WorkerLocal,
+    WorkerSpec,
+    deadline_class,
+    now_ms,
+    payload_json,
+    writes_audit,
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    workers: tuple[WorkerSpec, ...]
+    gens: int = 2  # generation 1 is registered at the start; the scheduler registers 2..gens
+    steps: tuple[str, ...] = ("s1",)
+    relays: int = 1
+    resolves: int = 0  # operator resolutions (of an unknown / overdue step), truthful
+    cancel: bool = False
+    outcomes: tuple[str, ...] = ("ok", "refused", "timeout")
+    faults: int = 0  # budget of wire faults (on script calls)
+    fault_kinds: tuple[str, ...] = ("lost", "timeout")
+    crashes: int = 0  # budget of gateway crashes (a worker's request dies; a relay restarts)
+    advances: int = 2  # budget of "time passes beyond every timer"
+    dedupes: bool = False  # the downstream deduplicates by key (the adapter can resolve)
+    hole: str = ""  # what this scenario is about (README)
+
+
+def w(
+    name: str, gen: int, mode: str, amount: int, step: str = "s1", retries: int = 0
+) -> WorkerSpec:
+    return WorkerSpec(name, gen, step, mode, (("amount", amount),), retries)
+
+
+@dataclass(frozen=True)
+class World:
+    """The model's side of a state (Redis is the other)."""
+
+    locals: tuple[Any, ...]  # per actor, in Actors order
+    sends: tuple[Send, ...] = ()
+    acks: frozenset[tuple[Any, ...]] = frozenset()
+    audit_expected: int = 0
+    audited: frozenset[str] = frozenset()  # request ids whose script wrote an audit entry
+    faults: int = 0
+    crashes: int = 0
+    advances: int = 0
+
+
+@dataclass(frozen=True)
+class Move:
+    actor: int
+    kind: str
+    arg: Any = None
+    fault: str = "ok"
+
+    @property
+    def mid(self) -> tuple[Any, ...]:
+        return (self.actor, self.kind, self.arg, self.fault)
+
+
+@dataclass
+class Violation:
+    invariant: str
+    signature: str  # the kind of breakage: the shortest trace of each kind is kept
+    message: str
+    trace: list[str]
+
+
+@dataclass
+class Report:
+    scenario: str
+    states: int = 0
+    transitions: int = 0
+    checks: int = 0
+    quiescent: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    violations: dict[tuple[str, str], Violation] = field(default_factory=dict)
+    truncated: bool = False
+
+    def summary(self) -> str:
+        v = ", ".join(sorted({i for i, _ in self.violations})) or "none"
+        cut = " (TRUNCATED)" if self.truncated else ""
+        return (
+            f"{self.scenario}: {self.states} states, {self.transitions} transitions, "
+            f"{self.checks} invariant checks, {self.quiescent} quiescent, depth {self.depth}, "
+            f"{self.seconds:.1f} s{cut}; violations: {v}"
+        )
+
+
+class Explorer:
+    def __init__(self, scn: Scenario, driver: Driver) -> None:
+        self.scn = scn
+        self.d = driver
+        # actors: workers, relays, scheduler, canceller, operator
+        self.names: list[str] = [x.name for x in scn.workers]
+        self.names += [f"relay{i + 1}" if scn.relays > 1 else "relay" for i in range(scn.relays)]
+        self.names += ["scheduler", "canceller", "operator"]
+        self.n_workers = len(scn.workers)
+        self.sched = self.n_workers + scn.relays
+        self.payloads: dict[tuple[int, str], frozenset[str]] = {}
+        for x in scn.workers:
+            k = (x.gen, x.step)
+            self.payloads[k] = self.payloads.get(k, frozenset()) | {payload_json(x.body)}
+
+    def initial(self) -> World:
+        locals_: list[Any] = [WorkerLocal() for _ in self.scn.workers]
+        locals_ += [RelayLocal() for _ in range(self.scn.relays)]
+        locals_ += [2, not self.scn.cancel, self.scn.resolves]
+        return World(
+            tuple(locals_),
+            acks=frozenset({("fence", 1)}),
+            faults=self.scn.faults,
+            crashes=self.scn.crashes,
+            advances=self.scn.advances,
+        )
+
+    # -- state key --------------------------------------------------------------------
+
+    def holders(self, world: World) -> dict[str, str]:
+        """Dispatch and request ids an actor holds -> its name."""
+        out = {}
+        for i, loc in enumerate(world.locals):
+            for attr in ("did", "rid"):
+                if x := getattr(loc, attr, ""):
+                    out[x] = f"{self.names[i]}.{attr}"
+        return out
+
+    def key(self, world: World, raw: dict[str, Any]) -> bytes:
+        ids = self.holders(world)
+        redis_part = self.d.canonical(raw, ids)
+        t = now_ms()
+        locals_ = []
+        for loc in world.locals:
+            if isinstance(loc, WorkerLocal):
+                loc = replace(loc, did="mine" if loc.did else "", rid="mine" if loc.rid else "")
+            elif isinstance(loc, RelayLocal):
+                due = 0 if not loc.due else (1 if loc.due <= t else 2)  # -, due, later
+                loc = replace(loc, did="mine" if loc.did else "", rid="mine" if loc.rid else "",
+                              due=due)  # fmt: skip
+            locals_.append(loc)
+        k = (
+            redis_part,
+            tuple(locals_),
+            tuple(sorted(s.key for s in world.sends)),
+            tuple(sorted(world.acks)),
+            world.audit_expected,
+            tuple(sorted(ids[r] for r in world.audited if r in ids)),
+            world.faults,
+            world.crashes,
+            world.advances,
+        )
+        return hashlib.blake2b(repr(k).encode(), digest_size=16).digest()
+
+    # -- moves --------------------------------------------------------------------------
+
+    def moves(self, world: World, raw: dict[str, Any]) -> list[Move]:
+        scn = self.scn
+        out: list[Move] = []
+        script: list[Move] = []  # moves that run one script: faults may hit them
+        t = now_ms()
+        for i, loc in enumerate(world.locals):
+            if i < self.n_workers:
+                spec = scn.workers[i]
+                pc = loc.pc
+                if pc == "start":
+                    if ("fence", spec.gen) not in world.acks:
+                        continue  # the worker has its token from an acknowledged register
+                    script.append(Move(i, "admit"))
+                elif pc == "resend":  # _admit re-sends until its grace is over, then gives up
+                    script.append(Move(i, "give_up" if loc.late else "admit"))
+                elif pc == "void":
+                    script.append(Move(i, "give_up"))
+                elif pc == "admitted":
+                    out += [Move(i, "send", o) for o in self._outcomes(loc.late)]
+                elif pc == "sent":
+                    script.append(Move(i, "record"))
+                elif pc == "hint":
+                    out.append(Move(i, "hint"))
+                if pc not in ("start", "done", "crashed") and world.crashes:
+                    out.append(Move(i, "crash"))
+            elif i < self.sched:
+                pc = loc.pc
+                if pc == "idle":
+                    if loc.sweep:
+                        out.append(Move(i, "sweep"))
+                    elif any(sc <= t for _, sc in raw["hints"]):
+                        out.append(Move(i, "poll"))
+                elif pc in ("batch", "resend"):
+                    script.append(Move(i, "claim"))
+                elif pc == "void":
+                    script.append(Move(i, "void"))
+                elif pc == "claimed":
+                    out += [Move(i, "send", o) for o in self._outcomes(loc.late)]
+                elif pc == "sent":
+                    script.append(Move(i, "record"))
+                elif pc in ("hint", "unhint"):
+                    out.append(Move(i, pc))
+                if pc != "idle" and world.crashes:
+                    out.append(Move(i, "crash"))
+            elif i == self.sched:
+                if loc <= scn.gens:
+                    script.append(Move(i, "register", loc))
+            elif i == self.sched + 1:
+                if not loc:
+                    script.append(Move(i, "cancel"))
+            elif loc > 0:
+                for step, h in raw["fx"].items():
+                    overdue = h.get("state") == "dispatching" and deadline_class(
+                        h.get("deadline", "0")
+                    ) in ("past", "0")
+                    if h.get("state") == "unknown" or overdue:
+                        script.append(Move(i, "resolve", step))
+        out += script
+        if world.faults:
+            out += [replace(m, fault=f) for m in script for f in scn.fault_kinds]
+        if world.advances and self._time_matters(world, raw, t):
+            out.append(Move(-1, "advance"))
+        return out
+
+    def _outcomes(self, late: bool) -> Sequence[str]:
+        return ("late",) if late else self.scn.outcomes
+
+    def _time_matters(self, world: World, raw: dict[str, Any], t: int) -> bool:
+        """Whether an advance would change anything (else it is not offered)."""
+        if any(deadline_class(h.get("deadline", "0")) == "live" for h in raw["fx"].values()):
+            return True
+        if any(sc > t for _, sc in raw["queue"] + raw["hints"]):
+            return True
+        for x in world.locals:
+            if isinstance(x, WorkerLocal) and x.pc in ("admitted", "resend") and not x.late:
+                return True
+            if isinstance(x, RelayLocal) and (not x.sweep or (x.pc == "claimed" and not x.late)):
+                return True
+        return False
+
+    # -- one transition -----------------------------------------------------------------
+
+    async def apply(self, world: World, m: Move) -> tuple[World, Effects]:
+        d = self.d
+        d.before_step()
+        d.wire.replies.clear()
+        d.wire.resends.clear()
+        d.wire.mode = m.fault
+        locals_ = list(world.locals)
+        if m.kind == "advance":
+            d.advance()
+            for i, loc in enumerate(locals_):
+                if isinstance(loc, WorkerLocal) and loc.pc in ("admitted", "resend"):
+                    locals_[i] = replace(loc, late=True)  # its deadline / admit grace passed
+                elif isinstance(loc, RelayLocal):  # its deadline passed; a sweep is due
+                    locals_[i] = replace(loc, late=loc.pc == "claimed" or loc.late, sweep=True)
+            world = replace(world, locals=tuple(locals_), advances=world.advances - 1)
+            return world, Effects("time passes: every deadline and timer")
+        loc = locals_[m.actor]
+        fx: Effects
+        if m.kind == "crash":
+            if isinstance(loc, RelayLocal):
+                locals_[m.actor] = RelayLocal()  # a new gateway process: it sweeps first
+                fx = Effects("gateway crashes (its relay restarts)")
+            else:
+                locals_[m.actor] = replace(loc, pc="crashed", did="", rid="")
+                fx = Effects("gateway crashes")
+            world = replace(world, crashes=world.crashes - 1)
+        elif m.actor < self.n_workers:
+            spec = self.scn.workers[m.actor]
+            if m.kind == "admit":
+                loc, fx = await d.worker_admit(spec, loc)
+            elif m.kind == "give_up":
+                loc, fx = await d.worker_give_up(spec, loc)
+            elif m.kind == "send":
+                pj = payload_json(spec.body)
+                fx = d.send(spec.name, spec.step, spec.gen, pj, loc.auth, m.arg)
+                loc = replace(loc, pc="sent", outcome=m.arg)
+            elif m.kind == "hint":
+                loc, fx = await d.worker_hint(spec, loc)
+            else:
+                loc, fx = await d.worker_record(spec, loc)
+            locals_[m.actor] = loc
+        elif m.actor < self.sched:
+            name = self.names[m.actor]
+            if m.kind == "sweep":
+                loc, fx = await d.relay_sweep(loc)
+            elif m.kind == "poll":
+                loc, fx = await d.relay_poll(loc)
+            elif m.kind == "claim":
+                loc, fx = await d.relay_claim(loc)
+            elif m.kind == "void":
+                loc, fx = await d.relay_void(loc)
+            elif m.kind == "send":
+                fx = d.send(name, loc.step, loc.gen, loc.payload, loc.auth, m.arg)
+                loc = replace(loc, pc="sent", outcome=m.arg)
+            elif m.kind == "record":
+                loc, fx = await d.relay_record(loc)
+            elif m.kind == "hint":
+                loc, fx = await d.relay_hint(loc)
+            else:
+                loc, fx = await d.relay_unhint(loc)
+            locals_[m.actor] = loc
+        elif m.kind == "register":
+            nxt, fx = await d.register(m.arg)
+            locals_[m.actor] = loc + 1 if nxt == "next" else loc
+        elif m.kind == "cancel":
+            nxt, fx = await d.cancel()
+            locals_[m.actor] = nxt == "next"
+        else:
+            delivered = any(s.step == m.arg and s.delivered for s in world.sends)
+            fx = await d.resolve(m.arg, delivered)
+            locals_[m.actor] = loc - 1
+        # one audited request counts once: re-sent (lost reply, or sent again after a
+        # timeout with the same request id) it must not write a second entry
+        audited = {rid for s, rid, r in d.wire.replies if writes_audit(s, r)} - world.audited
+        world = replace(
+            world,
+            locals=tuple(locals_),
+            sends=world.sends + tuple(fx.sends),
+            acks=world.acks | frozenset(fx.acks),
+            audit_expected=world.audit_expected + len(audited),
+            audited=world.audited | audited,
+            faults=world.faults - (m.fault != "ok"),
+        )
+        return world, fx
+
+    def label(self, m: Move, fx: Effects) -> str:
+        who = "clock" if m.actor < 0 else self.names[m.actor]
+        fault = {"ok": "", "lost": " [reply lost, re-sent]", "timeout": " [timed out]"}[m.fault]
+        return f"{who}: {fx.text}{fault}"
+
+    # -- the search ---------------------------------------------------------------------
+
+    async def run(
+        self, *, restore: str = "snapshot", max_states: int | None = None, keep_going: bool = False
+    ) -> Report:
+        rep = Report(self.scn.name)
+        t0 = time.perf_counter()
+        d = self.d
+        await d.setup()
+        world0 = self.initial()
+        raw0, init_dump = d.read()
+        k0 = self.key(world0, raw0)
+        seen = {k0}
+        parent: dict[bytes, tuple[bytes | None, str]] = {k0: (None, "")}
+        # node: (key, redis snapshot, world, raw, path of move ids)
+        frontier: list[tuple[bytes, dict[str, str], World, dict[str, Any], tuple[Any, ...]]]
+        frontier = [(k0, init_dump, world0, raw0, ())]
+        depth = 0
+        in_redis: bytes | None = None  # the state Redis holds now, when known
+        while frontier:
+            nxt: list[Any] = []
+            for key, dumps, world, raw, path in frontier:
+                moves = self.moves(world, raw)
+                if not any(m.actor >= 0 for m in moves):
+                    rep.quiescent += 1
+                for m in moves:
+                    base = world
+                    if restore == "snapshot":
+                        if in_redis != key:
+                            d.restore(dumps)
+                    else:  # replay the path (the ids it hands out are new: use its world)
+                        d.restore(init_dump)
+                        base = world0
+                        for mid in path:
+                            base, _ = await self.apply(base, Move(*mid))
+                    w2, fx = await self.apply(base, m)
+                    # a send or a crash does not touch Redis: the next move needs no restore
+                    in_redis = key if m.kind in ("send", "crash") and m.actor >= 0 else None
+                    rep.transitions += 1
+                    raw2, snap = d.read()
+                    ctx = inv.Ctx(d, fx.sends, w2.sends, w2.acks, w2.audit_expected, raw2,
+                                  list(d.wire.resends), self.payloads,
+                                  self.scn.dedupes)  # fmt: skip
+                    checks = dict(inv.ON_STEP)
+                    moves2 = self.moves(w2, raw2)
+                    if not any(x.actor >= 0 for x in moves2):
+                        checks.update(inv.AT_QUIESCENCE)
+                    broken = False
+                    for name, check in checks.items():
+                        rep.checks += 1
+                        found = check(ctx)
+                        if found is None:
+                            continue
+                        broken = True
+                        msg, sig = (found, "") if isinstance(found, str) else found
+                        if (name, sig) not in rep.violations:
+                            trace = [*self.trace(parent, key), self.label(m, fx)]
+                            rep.violations[name, sig] = Violation(name, sig, msg, trace)
+                    k2 = self.key(w2, raw2)
+                    if k2 in seen:
+                        continue
+                    seen.add(k2)
+                    parent[k2] = (key, self.label(m, fx))
+                    if broken and not keep_going:
+                        continue
+                    nxt.append((k2, snap, w2, raw2, (*path, m.mid)))
+                if max_states and len(seen) >= max_states:
+                    rep.truncated = True
+                    nxt = []
+                    break
+            frontier = nxt
+            if frontier:
+                depth += 1
+        rep.states = len(seen)
+        rep.depth = depth
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+    def trace(self, parent: dict[bytes, tuple[bytes | None, str]], key: bytes) -> list[str]:
+        out = []
+        k: bytes | None = key
+        while k is not None:
+            k, label = parent[k]
+            if label:
+                out.append(label)
+        return out[::-1]
+
+
+# -- bounds ----------------------------------------------------------------------------
+
+A1 = w("A", 1, "async", 10000)  # worker A, generation 1: an async refund of 10,000
+B2 = w("B", 2, "sync", 2500)  # worker B took over as generation 2: a refund of 2,500
+
+HOLES = (
+    Scenario(
+        "hole1-2-takeover",
+        (A1, B2),
+        outcomes=("ok", "refused"),
+        advances=2,
+        hole="1 (superseded payload under the new intent) and 2 (relay dispatch below the fence)",
+    ),
+    Scenario(
+        "hole3-resolved",
+        (A1, w("A'", 1, "async", 10000)),
+        resolves=1,
+        outcomes=("ok", "lost"),
+        advances=0,
+        hole="3 (a rejected stale async call re-arms the relay after a not_delivered resolution)",
+    ),
+)
+
+DEFAULT = (
+    *HOLES,
+    Scenario(
+        "crash-resolve",
+        (A1, B2),
+        outcomes=("ok",),
+        crashes=1,
+        resolves=1,
+        advances=1,
+    ),
+    Scenario(
+        "wire-faults",
+        (w("Z", 1, "async", 10000), B2),
+        outcomes=("ok",),
+        faults=1,
+        advances=1,
+    ),
+    Scenario(
+        "cancel",
+        (A1, w("C", 3, "sync", 500)),
+        gens=3,
+        cancel=True,
+        outcomes=("ok", "refused"),
+        advances=1,
+    ),
+)
+
+LARGE = (
+    *DEFAULT,
+    Scenario(
+        "crash-resolve-refused",
+        (A1, B2),
+        outcomes=("ok", "refused"),
+        crashes=1,
+        resolves=1,
+        advances=1,
+    ),
+    Scenario(
+        "crash-resolve-timeout",
+        (A1, B2),
+        outcomes=("ok", "refused", "timeout"),
+        crashes=1,
+        resolves=1,
+        advances=1,
+    ),
+    Scenario(
+        "wire-faults-refused",
+        (w("Z", 1, "async", 10000), B2),
+        outcomes=("ok", "refused"),
+        faults=1,
+        advances=1,
+    ),
+    Scenario(
+        "takeover-crash",
+        (A1, B2),
+        outcomes=("ok", "refused", "timeout"),
+        crashes=1,
+        resolves=1,
+        advances=2,
+    ),
+    Scenario(
+        "two-steps",
+        (A1, w("B", 2, "async", 2500), w("C", 2, "sync", 700, step="s2")),
+        steps=("s1", "s2"),
+        outcomes=("ok", "refused"),
+        advances=1,
+    ),
+    Scenario(
+        "large-wire",
+        (w("A", 1, "sync", 10000), w("Z", 1, "async", 10000), B2),
+        outcomes=("ok", "refused", "timeout"),
+        faults=2,
+        resolves=1,
+        advances=2,
+    ),
+    Scenario(
+        "large-3-gens",
+        (A1, w("B", 2, "sync", 2500, retries=1), w("C", 3, "async", 500)),
+        gens=3,
+        cancel=True,
+        outcomes=("ok", "refused", "timeout", "lost"),
+        crashes=1,
+        resolves=1,
+        advances=2,
+    ),
+    Scenario(
+        "large-relays",
+        (A1, B2),
+        relays=2,
+        outcomes=("ok", "refused", "timeout"),
+        crashes=1,
+        resolves=1,
+        advances=2,
+    ),
+    Scenario(
+        "large-dedupes",
+        (A1, w("B", 2, "sync", 10000)),
+        outcomes=("ok", "refused", "timeout"),
+        crashes=1,
+        faults=1,
+        dedupes=True,
+        advances=2,
+    ),
+    Scenario(
+        "large-two-steps",
+        (
+            A1,
+            w("B", 2, "async", 2500),
+            w("C", 2, "sync", 700, step="s2"),
+            w("D", 1, "sync", 9, step="s2"),
+        ),
+        steps=("s1", "s2"),
+        outcomes=("ok", "refused", "timeout"),
+        crashes=1,
+        advances=2,
+    ),
+)
+
+BOUNDS: dict[str, tuple[Scenario, ...]] = {"default": DEFAULT, "large": LARGE, "holes": HOLES}
+
+
+# -- running --------------------------------------------------------------------------
+
+
+class RedisForModel:
+    """A real redis-server (gateway.embedded) on a free loopback port, for one exploration."""
+
+    def __enter__(self) -> str:
+        self._tmp = tempfile.TemporaryDirectory(prefix="fencegate-model-")
+        self.server = EmbeddedRedis(self._tmp.name, use_socket=False)
+        url = self.server.start()
+        import redis
+
+        r = redis.Redis.from_url(url)
+        # Durability is not what is explored here: no fsync per write (the scripts are the same).
+        r.config_set("appendonly", "no")
+        r.close()
+        return url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+        self._tmp.cleanup()
+
+
+async def explore_async(
+    url: str,
+    scenarios: Sequence[Scenario],
+    *,
+    restore: str = "snapshot",
+    max_states: int | None = None,
+    keep_going: bool = False,
+    mutate: Sequence[tuple[str, str, str]] = (),
+    out: Any = None,
+) -> list[Report]:
+    reports = []
+    for scn in scenarios:
+        d = Driver(url, dedupes=scn.dedupes, steps=scn.steps)
+        try:
+            for script, old, new in mutate:
+                d.mutate(script, old, new)
+            await d.store.load_scripts()
+            rep = await Explorer(scn, d).run(
+                restore=restore, max_states=max_states, keep_going=keep_going
+            )
+        finally:
+            await d.aclose()
+        reports.append(rep)
+        if out is not None:
+            print(rep.summary(), file=out, flush=True)
+    return reports
+
+
+def explore(scenarios: Sequence[Scenario], **kw: Any) -> list[Report]:
+    """Explore on a fresh redis-server; the event loop runs in a thread of its own, so a
+    caller's loop (pytest-asyncio's session loop) is left alone."""
+    with RedisForModel() as url, ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, explore_async(url, scenarios, **kw)).result()
+
+
+def render(reports: Sequence[Report]) -> str:
+    lines = []
+    for rep in reports:
+        lines.append(rep.summary())
+        for v in sorted(rep.violations.values(), key=lambda v: (v.invariant, len(v.trace))):
+            lines.append(f"  {v.invariant} [{v.signature}]: {v.message}")
+            lines += [f"    {i + 1:2}. {t}" for i, t in enumerate(v.trace)]
+    tot = [sum(getattr(r, f) for r in reports) for f in ("states", "transitions", "checks")]
+    secs = sum(r.seconds for r in reports)
+    n = len({i for r in reports for i, _ in r.violations})
+    lines.append(
+        f"total: {tot[0]} states, {tot[1]} transitions, {tot[2]} invariant checks, "
+        f"{secs:.1f} s; {n} invariant(s) violated"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m tests.model.explore", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--bound", choices=sorted(BOUNDS), default="default")
+    p.add_argument("--scenario", action="append", help="only these scenarios (of any bound)")
+    p.add_argument("--restore", choices=("snapshot", "replay"), default="snapshot")
+    p.add_argument("--max-states", type=int, default=None)
+    p.add_argument("--keep-going", action="store_true", help="expand states past a violation")
+    args = p.parse_args(argv)
+    scns = BOUNDS[args.bound]
+    if args.scenario:
+        every = {s.name: s for b in BOUNDS.values() for s in b}
+        scns = tuple(every[n] for n in args.scenario)
+    reports = explore(
+        scns, restore=args.restore, max_states=args.max_states, keep_going=args.keep_going,
+        out=sys.stderr,
+    )  # fmt: skip
+    print(render(reports))
+    return 1 if any(r.violations for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""The invariants the explorer checks after every step (SPEC §1 and issue 12).
+
+Each check is a named function of one transition: it returns ``None``, or a
+message saying what broke and a short signature of the kind of breakage (the
+explorer keeps the shortest trace of every distinct signature: e.g. a relay
+claim of a ``pending`` step and of an operator-resolved ``released`` step
+below the fence are two counterexamples, holes 2 and 3 of issue 12).
+``ON_STEP`` run after every step, ``AT_QUIESCENCE`` only in states where no
+actor can move any more (time aside).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tests.model.driver import Driver, Resend, Send, verdict
+
+
+@dataclass
+class Ctx:
+    """One transition, as the checks see it."""
+
+    driver: Driver
+    sends: list[Send]  # sends made by this step
+    all_sends: tuple[Send, ...]  # every send so far, this step's included
+    acks: frozenset[tuple[Any, ...]]  # every verdict a caller saw and may rely on
+    audit_expected: int  # distinct calls whose script wrote an audit entry
+    raw: dict[str, Any]  # Redis after the step (Driver.raw_state)
+    resends: list[Resend]
+    payloads: dict[tuple[int, str], frozenset[str]]  # (gen, step) -> the payloads of its calls
+    dedupes: bool
+
+
+def i_stale(c: Ctx) -> str | None:
+    """No send below the fence: the admit/claim that authorised a send ran while its
+    generation was the fence, on a job not cancelled, and the send carries that generation."""
+    for s in c.sends:
+        a = s.auth
+        if a.gen != a.fence:
+            return (
+                f"{s.by} sent {s.step} under generation {s.gen}, authorised by a {a.what} that "
+                f"ran when the fence was {a.fence}"
+            ), "below the fence: " + a.what
+        if a.cancelled:
+            return f"{s.by} sent {s.step}, authorised by a {a.what} on a cancelled job", (
+                "cancelled: " + a.what
+            )
+        if s.gen != a.gen:
+            msg = f"{s.by} sent {s.step} under generation {s.gen}, its {a.by} was for {a.gen}"
+            return msg, "wrong generation: " + a.what
+    return None
+
+
+def i_intent(c: Ctx) -> str | None:
+    """A send carries the step's pinned intent (as it was at the claim that authorised it),
+    and under generation g the payload of generation g's call."""
+    for s in c.sends:
+        if s.digest != s.auth.pinned:
+            return (
+                f"{s.by} sent {s.step} payload {s.payload} (intent {s.digest[:8]}) while the "
+                f"step was pinned to intent {s.auth.pinned[:8]} at its {s.auth.what}"
+            ), "not the pinned intent: " + s.auth.what
+        if s.payload not in c.payloads.get((s.gen, s.step), frozenset()):
+            theirs = sorted(c.payloads.get((s.gen, s.step), frozenset()))
+            return (
+                f"{s.by} sent {s.step} payload {s.payload} under generation {s.gen}, whose "
+                f"calls carried {theirs}"
+            ), "another generation's payload: " + s.auth.what
+    return None
+
+
+def i_once(c: Ctx) -> str | None:
+    """At most one delivered send per step to a downstream that does not deduplicate.
+    (Sends the downstream did not deliver -- refused, lost -- do not count; the operator in
+    the model is truthful, so a not_delivered resolution never hides a delivery.)"""
+    if c.dedupes:
+        return None
+    n = Counter(s.step for s in c.all_sends if s.delivered)
+    for step, k in n.items():
+        if k > 1:
+            gens = [s.gen for s in c.all_sends if s.delivered and s.step == step]
+            return f"{step} was delivered {k} times (generations {gens})"
+    return None
+
+
+def i_durable(c: Ctx) -> str | None:
+    """Every acknowledged verdict still holds: a succeeded/failed answer stays recorded,
+    an acknowledged register(g) keeps the fence >= g, an acknowledged cancel stays."""
+    job = c.raw["job"]
+    fence = int(job.get("fence") or 0)
+    for ack in sorted(c.acks):
+        if ack[0] == "fx":
+            state = c.raw["fx"][ack[1]].get("state", "(none)")
+            if state != ack[2]:
+                msg = f"a caller was answered {ack[1]} {ack[2]}; the record now says {state}"
+                return msg, f"{ack[2]} answered, now {state}"
+        elif ack[0] == "fence" and fence < ack[1]:
+            return f"register({ack[1]}) was acknowledged; the fence is now {fence}"
+        elif ack[0] == "cancelled" and job.get("cancelled") != "1":
+            return "cancel was acknowledged; the job is no longer cancelled"
+    return None
+
+
+def i_honest(c: Ctx) -> str | None:
+    """A step recorded succeeded (not by an operator) had a delivered send of its pinned intent."""
+    for step, h in c.raw["fx"].items():
+        if h.get("state") != "succeeded" or h.get("resolved_by"):
+            continue
+        if not any(s.step == step and s.delivered and s.digest == h.get("intent_sha256")
+                   for s in c.all_sends):  # fmt: skip
+            return (
+                f"{step} is recorded succeeded with intent {h.get('intent_sha256', '')[:8]} "
+                f"(generation {h.get('generation')}); no send of that intent was delivered"
+            )
+    return None
+
+
+def i_audit(c: Ctx) -> str | None:
+    """Exactly one audit entry per rejecting call (and per operator resolution): a re-sent
+    call counts once."""
+    n = len(c.raw["audit"])
+    if n != c.audit_expected:
+        return f"the job's audit stream has {n} entries for {c.audit_expected} audited calls"
+    return None
+
+
+def i_resend(c: Ctx) -> str | None:
+    """A script re-sent after its reply was lost returns the same verdict and changes
+    nothing more (issue 12: one request id per call, the remembered reply)."""
+    for r in c.resends:
+        first, second = verdict(r.script, r.first), verdict(r.script, r.second)
+        if first != second:
+            msg = f"re-sent {r.script} answered {r.second}, its first run {r.first}"
+            return msg, f"{r.script}: another verdict"
+        before = c.driver.canonical(r.state_before)
+        after = c.driver.canonical(r.state_after)
+        if before != after:
+            msg = f"re-sent {r.script} changed Redis again: {_diff(before, after)}"
+            return msg, f"{r.script}: ran twice"
+    return None
+
+
+def i_live(c: Ctx) -> str | None:
+    """At quiescence nothing is stranded: no step `pending` without a relay queue entry,
+    and no 202-accepted async call whose intent is still pinned on a `released` step that
+    nothing will perform (no queue entry; not cancelled, superseded or operator-resolved)."""
+    queued = {_queue_step(m) for m, _ in c.raw["queue"]}
+    job = c.raw["job"]
+    fence = int(job.get("fence") or 0)
+    for step, h in c.raw["fx"].items():
+        if h.get("state") == "pending" and step not in queued:
+            msg = f"{step} is pending (generation {h.get('generation')}) with no relay queue entry"
+            return msg, "pending, not queued"
+    for ack in sorted(a for a in c.acks if a[0] == "async"):
+        _, step, gen, dig = ack
+        h = c.raw["fx"][step]
+        if (
+            h.get("state") == "released"
+            and h.get("intent_sha256") == dig
+            and step not in queued
+            and job.get("cancelled") != "1"
+            and fence == gen
+            and not h.get("resolved_by")
+        ):
+            return (
+                f"the async call of generation {gen} on {step} was accepted (202); the step is "
+                "released with its intent and nothing will perform it"
+            ), "accepted async call dropped"
+    return None
+
+
+def _queue_step(member: str) -> str:
+    import json
+
+    return str(json.loads(member)[2])
+
+
+def _diff(a: Any, b: Any) -> str:
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        for x, y in zip(a, b, strict=True):
+            if x != y:
+                return _diff(x, y)
+    return f"{a} -> {b}"
+
+
+Check = Callable[[Ctx], "str | tuple[str, str] | None"]
+ON_STEP: dict[str, Check] = {
+    "I-stale": i_stale,
+    "I-intent": i_intent,
+    "I-once": i_once,
+    "I-durable": i_durable,
+    "I-honest": i_honest,
+    "I-audit": i_audit,
+    "I-resend": i_resend,
+}
+AT_QUIESCENCE: dict[str, Check] = {"I-live": i_live}
