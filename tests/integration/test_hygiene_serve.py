@@ -92,7 +92,7 @@ def redis_with_password(tmp_path: Path) -> Iterator[tuple[str, str]]:
     port = free_port()
     proc = subprocess.Popen(
         [find_redis_server(), "-", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "yes", "--dir", str(tmp_path)],
+         "--appendonly", "yes", "--appendfsync", "always", "--dir", str(tmp_path)],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.stdin is not None
