@@ -7,6 +7,7 @@ import os
 import secrets
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,8 @@ def test_workers_get_the_redis_password_by_environment_not_argv(
     url, password = redis_with_password
     cfg = write_config(tmp_path)
     cfg.write_text(cfg.read_text().replace("[redis]\n", f'[redis]\nurl = "{url}"\n', 1))
+    init = [sys.executable, "-m", "gateway", "init", "--config", str(cfg)]
+    assert subprocess.run(init, cwd=tmp_path, capture_output=True, timeout=60).returncode == 0
     s = Serve(tmp_path, cfg, "--workers", "2")
     serves.append(s)
     s.wait_ready()
