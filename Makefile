@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/fencegate.example.toml
 
-.PHONY: run test lint pytest bench bench-soak profile chaos demo venv clean all
+.PHONY: run test lint pytest bench bench-soak profile chaos demo venv clean all hostile
 
 all: test
 
@@ -42,6 +42,11 @@ chaos: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/fencegate demo
+
+# tenant A attacks (async floods, slow receiver, idle sockets, bodies that never arrive)
+# while tenant B's calls are timed; loopback only, bounded (HOSTILE_ARGS=--seconds 60)
+hostile: $(STAMP)
+	$(BIN)/python -m benchmarks.hostile $(HOSTILE_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)

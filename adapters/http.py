@@ -19,7 +19,28 @@ from multidict import CIMultiDictProxy
 from adapters.base import NotDelivered, Unknown
 from gateway.fastjson import loads_exact
 
-__all__ = ["Response", "request"]
+__all__ = ["Response", "request", "send_trace"]
+
+
+def send_trace() -> aiohttp.TraceConfig:
+    """Marks, per request, whether it got a connection (``trace_request_ctx``): a request that
+    timed out before it had one never left the gateway. Sessions built by the gateway carry
+    it; without it every timeout stays ``Unknown``."""
+
+    async def started(_: Any, ctx: Any, __: Any) -> None:
+        if isinstance(ctx.trace_request_ctx, dict):
+            ctx.trace_request_ctx["traced"] = True
+
+    async def connected(_: Any, ctx: Any, __: Any) -> None:
+        if isinstance(ctx.trace_request_ctx, dict):
+            ctx.trace_request_ctx["connected"] = True
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(started)
+    trace.on_connection_create_end.append(connected)
+    trace.on_connection_reuseconn.append(connected)
+    trace.freeze()
+    return trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +82,7 @@ async def request(
     if budget <= 0:
         return NotDelivered("dispatch deadline passed before sending")
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=budget, sock_read=budget)
+    probe: dict[str, bool] = {}  # filled by send_trace(): did this request get a connection?
     try:
         async with asyncio.timeout(budget):
             async with http.request(
@@ -71,6 +93,7 @@ async def request(
                 headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
+                trace_request_ctx=probe,
             ) as resp:
                 raw = await resp.content.read(max_bytes + 1)
                 truncated = len(raw) > max_bytes
@@ -80,4 +103,7 @@ async def request(
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         return NotDelivered(f"connection failed: {type(exc).__name__}")
     except (TimeoutError, aiohttp.ClientError) as exc:
+        if probe.get("traced") and not probe.get("connected"):
+            # no connection within the budget (the pool was full): nothing was sent
+            return NotDelivered(f"no connection within the deadline: {type(exc).__name__}")
         return Unknown(f"no complete response after sending: {type(exc).__name__}")

@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
-from aiohttp import web
 
 from adapters.registry import AdapterConfigError, validate_configs
 from gateway import __version__
-from gateway.embedded import EmbeddedRedis, EmbeddedRedisError, die_with_parent
+from gateway.embedded import EmbeddedRedis, EmbeddedRedisError, die_with_parent, socket_of
 from gateway.errors import FencegateError
 from gateway.logging import configure_logging
 from gateway.records import AuditCheck
@@ -119,6 +118,11 @@ def _configured_secrets(settings: Settings) -> list[str]:
     if settings.audit.key_env:
         names.append(settings.audit.key_env)
     values: list[str] = []
+    with contextlib.suppress(ValueError):  # the Redis URL's password, if it has one
+        from urllib.parse import urlsplit
+
+        if password := urlsplit(settings.redis.url).password:
+            values.append(password)
     for name in names:
         value = os.environ.get(str(name), "") if name else ""
         values += [v.strip() for v in value.split(",") if len(v.strip()) >= 4]
@@ -147,17 +151,10 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     write = not settings.redis.url or settings.redis.auto_init
     result = asyncio.run(_init(url, data_dir / "fencegate.state", auto=True, write=write))
     log.info("workers_starting", workers=args.workers, durability_marker=result)
-    argv = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--redis-url",
-        url,
-        "--reuse-port",
-        "--workers",
-        "1",
-    ]
+    # The URL (it may hold a password) goes by environment, never on a command line: a
+    # process's argv is readable by every local user (ps), its environment only by its owner.
+    argv = [sys.executable, "-m", "gateway", "serve", "--reuse-port", "--workers", "1"]
+    env = {**os.environ, "FENCEGATE_REDIS__URL": url}
     argv += ["--host", settings.server.host, "--port", str(settings.server.port)]
     if args.config:
         argv += ["--config", args.config]
@@ -174,7 +171,9 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     # workers die with this supervisor even if it is SIGKILLed (Linux)
-    children = [subprocess.Popen(argv, preexec_fn=die_with_parent) for _ in range(args.workers)]
+    children = [
+        subprocess.Popen(argv, env=env, preexec_fn=die_with_parent) for _ in range(args.workers)
+    ]
     bound = settings.server.shutdown_grace_seconds + 5
     while any(child.poll() is None for child in children):
         time.sleep(0.1)
@@ -264,13 +263,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             version=__version__,
         )
         _tame_gc()
-        web.run_app(
+        from gateway.connections import run_app
+
+        run_app(  # web.run_app with a connection cap, deadlines and JSON-only logs
             app,
             loop=loop,
             host=host,
             port=port,
-            print=None,
-            access_log=None,
+            settings=settings.connections,
             shutdown_timeout=settings.server.shutdown_grace_seconds,
             reuse_port=args.reuse_port or None,
         )
@@ -321,7 +321,7 @@ def _cli_redis_url(settings: Settings) -> tuple[str, EmbeddedRedis | None]:
     embedded one (its socket), or a freshly started embedded one."""
     if settings.redis.url:
         return settings.redis.url, None
-    sock = Path(settings.redis.data_dir).resolve() / "redis.sock"
+    sock = socket_of(settings.redis.data_dir)
     if sock.exists():
         try:
             client = redis.Redis(unix_socket_path=str(sock), socket_timeout=2)

@@ -16,24 +16,28 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from adapters.base import AdapterContext
+from adapters.base import Adapter, AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import appkeys as K
 from gateway import audit_anchor as anchors_module
 from gateway.auth import Authenticator
-from gateway.browser import GUARD, BrowserGuard
+from gateway.browser import GUARD as BROWSER_GUARD
+from gateway.browser import BrowserGuard
+from gateway.bulkheads import HttpPools, scope_adapters
+from gateway.connections import GUARD, GuardSlot, body_deadline
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.handlers import HOT_HANDLERS, ROUTES
 from gateway.logging import end_request, log_request, request_context
 from gateway.metrics import Metrics
 from gateway.openapi import build_openapi
 from gateway.problems import from_http_exception, problem_response
-from gateway.service import EffectService
+from gateway.quotas import QuotaedService, Quotas
 from gateway.settings import ConfigError, Settings, read_secret
 from gateway.store import Store, connect
 from gateway.tenancy import resolve_tenancy
@@ -61,7 +65,7 @@ async def _request_middleware(
     metrics = request.app[K.METRICS]
     error: FencegateError | None = None
     try:
-        request.app[GUARD].check(request)  # browsers, foreign Hosts, non-JSON bodies
+        request.app[BROWSER_GUARD].check(request)  # browsers, foreign Hosts, non-JSON bodies
         response = await handler(request)  # type: ignore[misc]
     except FencegateError as exc:
         error = exc
@@ -112,12 +116,13 @@ def create_app(
     tenancy = resolve_tenancy(settings)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        middlewares=[_request_middleware],
+        middlewares=[_request_middleware, body_deadline(settings.connections.body_timeout_seconds)],
     )
+    app[GUARD] = GuardSlot()  # `fencegate serve` puts its connection guard here
     app[K.SETTINGS] = settings
     app[K.METRICS] = Metrics()
     app[K.AUTH] = Authenticator(settings.auth.keys, secret)
-    app[GUARD] = BrowserGuard(settings.server, open_mode=app[K.AUTH].open)
+    app[BROWSER_GUARD] = BrowserGuard(settings.server, open_mode=app[K.AUTH].open)
     app[K.OPENAPI] = json.dumps(build_openapi()).encode()
     app[K.SIGNER] = None
     if settings.auth.token_signing_key_env:
@@ -203,15 +208,23 @@ def create_app(
         await client.aclose()
 
     async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:
-        http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=settings.redis.max_connections * 4),
-            auto_decompress=True,
-        )
-        adapters = build_adapters(
-            tenancy.sections(settings.adapters), AdapterContext(http=http, secret=secret)
-        )
+        # bulkheads: each adapter has its own bounded pools (one per tenant; gateway.bulkheads)
+        sections = tenancy.sections(settings.adapters)
+        pools = {name: HttpPools(name, settings.bulkheads) for name in sections}
+        adapters: dict[str, Adapter] = {}
+        for name, section in sections.items():
+            http = cast(aiohttp.ClientSession, pools[name])  # stands in for a ClientSession
+            adapters.update(
+                build_adapters({name: section}, AdapterContext(http=http, secret=secret))
+            )
+        adapters = scope_adapters(adapters)
         app[K.ADAPTERS] = adapters
-        app[K.SERVICE] = EffectService(
+        quotas = Quotas(
+            app[K.STORE].client,
+            settings.quotas,
+            retention_seconds=settings.fencing.retention_seconds,
+        )
+        app[K.SERVICE] = QuotaedService(
             app[K.STORE],
             adapters,
             app[K.METRICS],
@@ -219,6 +232,7 @@ def create_app(
             tenant_keyed=tenancy.keyed,
             adapter_tenants=tenancy.allowed,
             crash_hook=crash_hook,
+            quotas=quotas,
         )
         relay = asyncio.create_task(
             app[K.SERVICE].relay_forever(
@@ -238,7 +252,8 @@ def create_app(
             log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
         for adapter in adapters.values():
             await adapter.aclose()
-        await http.close()
+        for pool in pools.values():
+            await pool.close()
 
     async def drain_on_shutdown(app: web.Application) -> None:
         """Runs before aiohttp waits for handlers: in-flight dispatches get the grace period,

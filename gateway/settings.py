@@ -24,8 +24,11 @@ __all__ = [
     "AuditSettings",
     "AuthKey",
     "AuthSettings",
+    "BulkheadSettings",
     "ConfigError",
+    "ConnectionSettings",
     "FencingSettings",
+    "QuotaSettings",
     "RedisSettings",
     "ServerSettings",
     "Settings",
@@ -138,6 +141,55 @@ class FencingSettings(_Section):
     relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
+class ConnectionSettings(_Section):
+    """Connection hygiene of the HTTP server (``[connections]``)."""
+
+    # Connections open at once. At the cap, the oldest connection that has not started a
+    # request is closed for the new one; if every one is busy, the new one gets 503 with
+    # Retry-After and is closed. Kept below the file-descriptor limit (raised at start).
+    max: Annotated[int, Field(ge=8, le=1_000_000)] = 4096
+    # A new connection must send a complete request head within this, and a keep-alive
+    # connection is closed after this long idle.
+    idle_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    # A request's whole body must arrive within this (else 408 and the connection closes).
+    body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
+    backlog: Annotated[int, Field(ge=16, le=65535)] = 1024
+    # Lines per second from the server's own loggers (aiohttp, asyncio); the rest are
+    # counted and reported in one JSON line.
+    log_lines_per_second: Annotated[float, Field(gt=0, le=100_000)] = 20.0
+
+
+class BulkheadSettings(_Section):
+    """HTTP connection pools of the adapters (``[bulkheads]``)."""
+
+    # One bounded pool per adapter, and per tenant of an adapter when per_tenant is true.
+    connections_per_pool: Annotated[int, Field(ge=1, le=10_000)] = 32
+    # How long a send may wait for a connection of its pool; past it nothing was sent and
+    # the step is released (502 adapter_unavailable).
+    pool_wait_seconds: Annotated[float, Field(gt=0, le=3600)] = 2.0
+    per_tenant: bool = True
+
+
+class TenantQuota(_Section):
+    effects_per_window: Annotated[int, Field(ge=0)] | None = None
+    payload_bytes: Annotated[int, Field(ge=0)] | None = None
+
+
+class QuotaSettings(_Section):
+    """Per-tenant quotas (``[quotas]``, ``[quotas.tenants.<name>]``); 0 means no cap."""
+
+    # Effect calls that reach a decision (admitted, queued or rejected) per tenant per window.
+    effects_per_window: Annotated[int, Field(ge=0)] = 0
+    window_seconds: Annotated[int, Field(ge=1, le=86_400)] = 3600
+    # Async payload bytes a tenant may have stored for the relay at once (each payload
+    # counts its size plus 1 KiB for the records around it).
+    payload_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
+    # Retry-After of a 429 for stored payloads (the relay frees them as it delivers).
+    retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 5
+    tenants: dict[str, TenantQuota] = {}
+
+
 Role = Literal["worker", "scheduler", "auditor", "admin"]
 
 
@@ -194,6 +246,9 @@ class Settings(BaseSettings):
     fencing: FencingSettings = FencingSettings()
     auth: AuthSettings = AuthSettings()
     audit: AuditSettings = AuditSettings()
+    connections: ConnectionSettings = ConnectionSettings()
+    bulkheads: BulkheadSettings = BulkheadSettings()
+    quotas: QuotaSettings = QuotaSettings()
     # Each adapter section is validated by its own type's model (adapters.registry).
     adapters: dict[str, dict[str, Any]] = {}
 

@@ -33,7 +33,7 @@ import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import durability, statefile
@@ -95,6 +95,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+READY_PROBE = "fg:readyz:probe"  # /readyz's probe write (10 s TTL)
 log = structlog.get_logger("fencegate.store")
 
 SCRIPT_NAMES = (
@@ -152,10 +153,28 @@ _FEED_FIELDS = ("step", "reason", "presented", "current", "worker_id", "adapter"
 _REDIS_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, ResponseError)
 
 
+def _oom(exc: Exception) -> bool:
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and "-OOM " in str(exc)
+    )
+
+
 def _unavailable(exc: Exception) -> StoreUnavailable | None:
-    """The ``StoreUnavailable`` a Redis failure means; None for an error reply that is a bug."""
+    """The ``StoreUnavailable`` a Redis failure means; None for an error reply that is a bug.
+
+    redis-py strips the code of some error replies (``-OOM …`` becomes an
+    ``OutOfMemoryError`` whose text starts "command not allowed"), and an error inside a
+    script comes back as "Error running script … -OOM command not allowed …": all three
+    forms are Redis refusing to serve, not a bug (503, never 500)."""
     if isinstance(exc, ResponseError):
-        if str(exc).startswith(_UNAVAILABLE_PREFIXES):
+        text = str(exc)
+        if (
+            isinstance(exc, OutOfMemoryError | ReadOnlyError)
+            or text.startswith(_UNAVAILABLE_PREFIXES)
+            or any(f"-{prefix} " in text for prefix in _UNAVAILABLE_PREFIXES)
+        ):
+            if _oom(exc) or text.startswith("OOM"):
+                return StoreUnavailable("Redis is out of memory (maxmemory): nothing was done")
             return StoreUnavailable(f"Redis refused the command: {exc}")
         return None
     return StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}")
@@ -294,7 +313,9 @@ class Store:
         except _REDIS_FAILURES as exc:
             if (unavailable := _unavailable(exc)) is None:
                 raise
-            unavailable.maybe_applied = not isinstance(exc, NotSent)
+            # Redis refuses a script for OOM only before its first write (the check runs
+            # while nothing is written, so the script stays atomic): then it did nothing
+            unavailable.maybe_applied = not (isinstance(exc, NotSent) or _oom(exc))
             raise unavailable from exc
         seq = int(reply[0])
         if seq > seen:
@@ -375,8 +396,9 @@ class Store:
         return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
 
     async def ready(self) -> dict[str, bool]:
-        """Readiness: Redis answers, scripts loaded, durability marker present."""
-        checks = {"redis": False, "scripts": False, "marker": False}
+        """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
+        a write (a probe key with a TTL: not ready while Redis is out of memory)."""
+        checks = {"redis": False, "scripts": False, "marker": False, "writable": False}
         try:
             await self._guard(self._client.ping)
             checks["redis"] = True
@@ -385,6 +407,11 @@ class Store:
                 await self.load_scripts()
             checks["scripts"] = True
             checks["marker"] = bool(await self._guard(lambda: self._client.exists(MARKER)))
+            # a probe write: Redis out of memory (maxmemory, noeviction) refuses every call.
+            # Only next to the marker: a wiped Redis must stay empty (no "fencegate data").
+            if checks["marker"]:
+                await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
+                checks["writable"] = True
         except (StoreUnavailable, RedisError):
             pass
         return checks

@@ -1,0 +1,154 @@
+"""Issue 13, item 7, against a real `fencegate serve`: a connection cap with a clear refusal,
+idle and slow-header sockets that cannot block service, bodies that never arrive timed out,
+the file-descriptor limit raised, and every log line JSON."""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.test_serve import Serve, serves, write_config
+
+__all__ = ["serves"]
+
+HYGIENE = """
+[connections]
+max = 40
+idle_timeout_seconds = 1.5
+body_timeout_seconds = 1.5
+"""
+
+
+def _start(tmp: Path, serves: list[Serve], extra: str = HYGIENE) -> Serve:
+    s = Serve(tmp, write_config(tmp, extra))
+    serves.append(s)
+    s.wait_ready()
+    return s
+
+
+def _connect(s: Serve) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", s.port), timeout=5)
+
+
+def _read_all(sock: socket.socket, timeout: float = 5) -> bytes:
+    sock.settimeout(timeout)
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return b"".join(chunks)
+
+
+def _all_json(s: Serve) -> None:
+    for line in s.output().splitlines():
+        assert isinstance(json.loads(line), dict), line
+
+
+def test_connection_cap_refuses_with_503_and_slow_bodies_time_out(
+    tmp_path: Path, serves: list[Serve]
+) -> None:
+    s = _start(tmp_path, serves)
+    slow = []
+    for i in range(40):  # every connection busy: a request whose body never arrives
+        c = _connect(s)
+        c.sendall(
+            f"POST /v1/jobs/j{i}/generations HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode()
+        )
+        slow.append(c)
+    time.sleep(0.5)
+    extra = _connect(s)
+    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    refusal = _read_all(extra)
+    extra.close()
+    assert refusal.startswith(b"HTTP/1.1 503"), refusal
+    assert b"Retry-After: 1" in refusal and b"too_many_connections" in refusal
+    # the bodies never arrive: 408 and closed, within the body deadline
+    started = time.monotonic()
+    for c in slow:
+        answer = _read_all(c)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b"request_timeout" in answer
+        c.close()
+    assert time.monotonic() - started < 5
+    assert s.call("GET", "/healthz")[0] == 200
+    _all_json(s)
+
+
+def test_idle_sockets_cannot_block_service(tmp_path: Path, serves: list[Serve]) -> None:
+    s = _start(tmp_path, serves)
+    idle = [_connect(s) for _ in range(300)]  # 7x the cap, no bytes sent
+    half = [_connect(s) for _ in range(20)]
+    for c in half:  # slow headers: never complete
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    time.sleep(0.3)
+    for _ in range(20):  # real calls keep being served (oldest idle sockets make room)
+        assert s.call("GET", "/healthz")[0] == 200
+    assert s.call("POST", "/v1/jobs/r/generations", {"generation": 1})[0] == 201
+    # every idle and slow-header socket is closed by the idle deadline (or evicted)
+    time.sleep(2.5)
+    still_open = 0
+    for c in idle + half:
+        c.settimeout(0.01)
+        try:
+            if c.recv(1) != b"":
+                still_open += 1
+        except ConnectionResetError:
+            pass
+        except TimeoutError:
+            still_open += 1
+        c.close()
+    assert still_open == 0
+    _all_json(s)
+
+
+def test_file_descriptor_soft_limit_is_raised_to_the_hard_limit(
+    tmp_path: Path, serves: list[Serve]
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(1024, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        s = _start(tmp_path, serves, "")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with open(f"/proc/{s.proc.pid}/limits") as f:
+        line = next(x for x in f if x.startswith("Max open files"))
+    assert line.split()[3:5] == [str(hard), str(hard)], line
+
+
+_FLOOD = """
+import logging, time
+from gateway.connections import bridge_stdlib_logging
+from gateway.logging import configure_logging
+configure_logging(json=True)
+bridge_stdlib_logging(per_second=5)
+for _ in range(1000):
+    try:
+        raise ConnectionResetError("peer went away")
+    except ConnectionResetError:
+        logging.getLogger("aiohttp.server").exception("Error handling request")
+time.sleep(1.1)
+logging.getLogger("asyncio").error("socket.accept() out of system resource")
+"""
+
+
+def test_server_log_flood_stays_json_and_rate_limited() -> None:
+    """aiohttp's and asyncio's loggers (tracebacks included) become rate-limited JSON lines
+    (in a process of its own: logging is configured once per process)."""
+    out = subprocess.run([sys.executable, "-c", _FLOOD], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stderr.splitlines()
+    events = [json.loads(line) for line in lines]  # every line is JSON: no raw traceback
+    assert 2 <= len(events) <= 20, lines
+    assert events[0]["logger"] == "aiohttp.server"
+    assert events[0]["exception"] == "ConnectionResetError: peer went away"
+    assert events[-1]["logger"] == "asyncio" and events[-1]["suppressed"] > 0
+    assert len(events) + sum(e.get("suppressed", 0) for e in events) == 1001  # all counted
