@@ -59,13 +59,13 @@ def test_connection_cap_refuses_with_503_and_slow_bodies_time_out(
     for i in range(40):  # every connection busy: a request whose body never arrives
         c = _connect(s)
         c.sendall(
-            f"POST /v1/jobs/j{i}/generations HTTP/1.1\r\nHost: x\r\n"
+            f"POST /v1/jobs/j{i}/generations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode()
         )
         slow.append(c)
     time.sleep(0.5)
     extra = _connect(s)
-    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     refusal = _read_all(extra)
     extra.close()
     assert refusal.startswith(b"HTTP/1.1 503"), refusal
@@ -87,7 +87,7 @@ def test_idle_sockets_cannot_block_service(tmp_path: Path, serves: list[Serve]) 
     idle = [_connect(s) for _ in range(300)]  # 7x the cap, no bytes sent
     half = [_connect(s) for _ in range(20)]
     for c in half:  # slow headers: never complete
-        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
     time.sleep(0.3)
     for _ in range(20):  # real calls keep being served (oldest idle sockets make room)
         assert s.call("GET", "/healthz")[0] == 200
