@@ -180,7 +180,7 @@ async def _hostile(seconds: float, idle: int, slow_bodies: int, payload_cap: int
 
             async def slow_body() -> None:
                 head = (
-                    "POST /v1/jobs/a-slow/generations HTTP/1.1\r\nHost: x\r\n"
+                    "POST /v1/jobs/a-slow/generations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                     f"Authorization: Bearer {KEYS['a']}\r\nContent-Type: application/json\r\n"
                     "Content-Length: 5000\r\n\r\n{"
                 ).encode()
