@@ -179,8 +179,12 @@ class Batcher:
                 _settle(call, reply)
 
     async def aclose(self) -> None:
-        """Wait for the batches in flight, then close the connections (shutdown)."""
-        if self._tasks:
+        """Wait for the batches in flight, then close the connections (shutdown). A tick's queue
+        not flushed yet goes out first, and batches started meanwhile are waited for too: a
+        connection opened after the pool was closed would be left open."""
+        while self._pending or self._tasks:
+            if self._pending:
+                self._flush()
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._pool.disconnect()
 

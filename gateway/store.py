@@ -759,10 +759,15 @@ class Store:
         """Hint every due entry of every slot's queue (a hint lost in a crash); returns how
         many due entries were found. 16,384 reads, packed by hiredis on the auto-pipeline."""
         query = ("-inf", now_ms, "WITHSCORES", "LIMIT", 0, per_slot)
-        replies = await asyncio.gather(
-            *(self._batcher.execute("ZRANGEBYSCORE", relay_queue(s), *query) for s in range(SLOTS)),
-            return_exceptions=True,
-        )
+        replies: list[Any] = []
+        for start in range(0, SLOTS, 1024):  # a few batches at a time, not 64 connections at once
+            replies += await asyncio.gather(
+                *(
+                    self._batcher.execute("ZRANGEBYSCORE", relay_queue(s), *query)
+                    for s in range(start, start + 1024)
+                ),
+                return_exceptions=True,
+            )
         found = 0
         for rows in replies:
             if isinstance(rows, BaseException):
