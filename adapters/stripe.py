@@ -130,7 +130,7 @@ class StripeConfig(AdapterConfig):
             if op not in _OPERATIONS:
                 raise ValueError(f"{op!r} is not a stripe operation ({', '.join(_OPERATIONS)})")
             for f in fields:
-                if not _FIELD.match(f):
+                if not _FIELD.fullmatch(f):
                     raise ValueError(f"{f!r} is not a Stripe field name")
                 if f in _NEVER.get(op, ()):
                     raise ValueError(f"{op}.{f} cannot be allowed: it bypasses the ownership check")
@@ -185,7 +185,7 @@ class StripeAdapter:
             if name not in payload:
                 raise InvalidPayload(f"{operation} needs {name!r}")
         for name in payload:
-            if not _FIELD.match(name):
+            if not _FIELD.fullmatch(name):
                 raise InvalidPayload(f"{name!r} is not a Stripe field name")
         refused = sorted(set(payload) - self._allowed[operation])
         if refused:

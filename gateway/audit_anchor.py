@@ -300,7 +300,7 @@ def read_anchors(paths: Iterable[Path]) -> tuple[list[dict[str, Any]], list[str]
             ids = (record.get("entry"), record.get("seen", ""))
             if not (
                 all(isinstance(record.get(k), str) for k in ("tenant", "job_id"))
-                and all(isinstance(i, str) and _ID_RE.match(i) for i in ids)
+                and all(isinstance(i, str) and _ID_RE.fullmatch(i) for i in ids)
             ):
                 problems.append(f"{path}:{n}: not an anchor")
                 continue
