@@ -15,6 +15,7 @@ import yaml
 
 from gateway.settings import load_settings
 from tests.conftest import Gateway, Upstream
+from tests.docs import docs_text
 
 ROOT = Path(__file__).parents[2]
 
@@ -161,4 +162,30 @@ def test_compose_file_is_consistent() -> None:
     init = services["init"]
     assert init["profiles"] == ["init"] and init["command"][0] == "init"
     assert f"fencegate-state:{settings.redis.data_dir}" in init["volumes"]
-    assert "docker compose run --rm init" in (ROOT / "README.md").read_text()
+    assert "docker compose run --rm init" in docs_text()
+
+
+def test_docs_link_only_inside_the_repository_or_to_public_urls() -> None:
+    """Every relative link of the README and docs/ resolves to a file of this repository (and
+    its #anchor to a heading there); nothing points outside the tree (a clone has no ../shared)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+    def anchors(page: Path) -> set[str]:
+        heads = re.findall(r"^#{1,6} (.*)$", page.read_text(), flags=re.M)
+        return {re.sub(r"[^a-z0-9 \-]", "", h.lower()).replace(" ", "-") for h in heads}
+
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if ROOT.resolve() not in dest.parents and dest != ROOT.resolve():
+                broken.append(f"{page.name}: {target} (outside the repository)")
+            elif not dest.exists():
+                broken.append(f"{page.name}: {target} (missing)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, broken
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250

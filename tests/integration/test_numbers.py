@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.conftest import Gateway, Upstream
+from tests.docs import docs_text
 from tests.integration.test_effects import problem
 
 HEADERS = {"Fencing-Token": "1", "Content-Type": "application/json"}
@@ -223,9 +224,8 @@ async def test_an_operator_result_with_a_big_integer_is_kept_exactly(
 
 
 def test_the_readme_says_what_these_tests_check() -> None:
-    from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = docs_text()
     section = " ".join(readme.split("### JSON numbers", 1)[1].split("\n### ", 1)[0].split())
     for claim in (
         "**An integer (no fraction, no exponent) is carried exactly, at any size**",

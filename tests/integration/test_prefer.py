@@ -7,6 +7,7 @@ import pytest
 from multidict import CIMultiDict
 
 from tests.conftest import Gateway, Upstream
+from tests.docs import docs_text
 
 BODY = {"adapter": "hook", "operation": "send", "payload": {"to": "a@example.com"}}
 
@@ -59,9 +60,8 @@ async def test_the_respond_async_preference_goes_to_the_relay(
 
 
 def test_the_readme_names_the_cases_tested_here() -> None:
-    from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = docs_text()
     section = readme.split("### Prefer: respond-async", 1)[1].split("\n## ", 1)[0]
     flat = " ".join(section.split())
     for case in ("respond-async, wait=10", "RESPOND-ASYNC", "no-respond-async",

@@ -10,7 +10,6 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,11 +19,12 @@ from aiohttp.test_utils import TestServer
 
 from adapters.registry import AdapterConfigError
 from tests.conftest import Gateway, Upstream
+from tests.docs import docs_text
 from tests.integration.test_effects import problem
 from tests.integration.test_stripe_jira import code, serving, ticket
 from tests.peers import JiraPeer
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
+README = docs_text()
 
 
 @dataclass
