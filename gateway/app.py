@@ -30,14 +30,16 @@ from gateway.auth import Authenticator
 from gateway.browser import GUARD as BROWSER_GUARD
 from gateway.browser import BrowserGuard
 from gateway.bulkheads import HttpPools, scope_adapters
+from gateway.completion import CompletionService
 from gateway.connections import GUARD, GuardSlot, body_deadline
 from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavailable
-from gateway.handlers import HOT_HANDLERS, ROUTES
+from gateway.jobstate import JobState
 from gateway.logging import end_request, log_request, request_context
 from gateway.metrics import Metrics
 from gateway.openapi import build_openapi
 from gateway.problems import from_http_exception, problem_response
 from gateway.quotas import QuotaedService, Quotas
+from gateway.routes import HOT_HANDLERS, ROUTES
 from gateway.settings import ConfigError, Settings, read_secret
 from gateway.store import Store, connect
 from gateway.tenancy import resolve_tenancy
@@ -175,6 +177,13 @@ def create_app(
         except StoreUnavailable as exc:
             log.warning("redis_unavailable_at_start", detail=exc.detail)
         app[K.STORE] = store
+        app[K.JOBSTATE] = JobState(
+            store,
+            registration=settings.fencing.registration,
+            retention_seconds=settings.fencing.retention_seconds,
+        )
+        # the object store's side sets .recorder (pre-signed uploads recorded at completion)
+        app[K.COMPLETION] = CompletionService(app[K.JOBSTATE])
         app[K.METRICS].watch(store.batcher)
 
         async def epochs() -> None:

@@ -6,6 +6,8 @@ from aiohttp import web
 
 from adapters.base import Adapter
 from gateway.auth import Authenticator
+from gateway.completion import CompletionService
+from gateway.jobstate import JobState
 from gateway.metrics import Metrics
 from gateway.service import EffectService
 from gateway.settings import Settings
@@ -20,3 +22,5 @@ ADAPTERS = web.AppKey("adapters", dict[str, Adapter])
 SERVICE = web.AppKey("service", EffectService)
 OPENAPI = web.AppKey("openapi", bytes)
 SIGNER: web.AppKey[TokenSigner | None] = web.AppKey("signer")
+JOBSTATE = web.AppKey("jobstate", JobState)
+COMPLETION = web.AppKey("completion", CompletionService)

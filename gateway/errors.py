@@ -23,11 +23,14 @@ gateway decided::
     │   ├── JobCancelled              job_cancelled
     │   ├── GenerationRegression      generation_regression
     │   ├── GenerationExhausted       generation_exhausted (fence is 2^53-1: nothing to allocate)
+    │   ├── JobCompleted              job_completed (the job completed: nothing new is taken)
     │   └── IntentMismatch        422 intent_mismatch
     ├── EffectInProgress          409 effect_in_progress (Retry-After)
     ├── OutcomeUnknown            409 outcome_unknown (504 when this call timed out)
     ├── EffectNotUnknown          409 effect_not_unknown (resolve: the outcome is known)
     ├── UnknownAdapter            422 unknown_adapter
+    ├── OutputNotStaged           422 output_not_staged (completion names outputs this
+    │                                 generation did not record; ``missing``: their names)
     ├── EffectFailed              424 effect_failed
     ├── AdapterUnavailable        502 adapter_unavailable
     ├── StoreUnavailable          503 store_unavailable
@@ -54,10 +57,12 @@ __all__ = [
     "InternalError",
     "InvalidRequest",
     "JobCancelled",
+    "JobCompleted",
     "LeaseExpired",
     "MethodNotAllowed",
     "NotFound",
     "OutcomeUnknown",
+    "OutputNotStaged",
     "PayloadTooLarge",
     "QuotaExceeded",
     "Rejection",
@@ -204,6 +209,11 @@ class GenerationExhausted(Rejection):
     title = "The job's fence is the largest generation; no next one can be allocated"
 
 
+class JobCompleted(Rejection):
+    code = "job_completed"
+    title = "The job completed; it takes no new effects, checkpoints, outputs or generations"
+
+
 class IntentMismatch(Rejection):
     code = "intent_mismatch"
     status = 422
@@ -232,6 +242,12 @@ class UnknownAdapter(FencegateError):
     code = "unknown_adapter"
     status = 422
     title = "No adapter of that name is configured"
+
+
+class OutputNotStaged(FencegateError):
+    code = "output_not_staged"
+    status = 422
+    title = "An output named by the completion was not recorded by this generation"
 
 
 class EffectFailed(FencegateError):

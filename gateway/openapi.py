@@ -9,8 +9,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway import __version__
-from gateway.handlers import ROUTES
 from gateway.models import NAME_PATTERN, Problem
+from gateway.routes import ROUTES
 
 __all__ = ["build_openapi"]
 
@@ -23,10 +23,10 @@ _STATUS_TEXT = {
     401: "Missing or unknown key",
     403: "Wrong role; or refused as a browser request (Origin, Sec-Fetch-Site, Host)",
     404: "Not found",
-    409: "Refused by the fence, in progress or outcome unknown",
+    409: "Refused by the fence (or the job completed), in progress or outcome unknown",
     413: "Body too large",
     415: "A body or Content-Type that is not application/json",
-    422: "Intent mismatch or unknown adapter",
+    422: "Intent mismatch, unknown adapter, or an output not recorded by this generation",
     424: "Downstream permanently refused",
     502: "Downstream unavailable, not delivered",
     503: "Store unavailable (or not ready)",
@@ -90,7 +90,7 @@ def build_openapi() -> dict[str, Any]:
             op["description"] = "Roles: " + ", ".join(route.roles) + " (admin has every role)."
         if route.body:
             op["requestBody"] = {
-                "required": route.body.__name__ != "RegisterBody",
+                "required": route.body.__name__ not in ("RegisterBody", "CompleteBody"),
                 "content": {
                     "application/json": {"schema": {"$ref": _REF.format(model=route.body.__name__)}}
                 },

@@ -25,6 +25,7 @@ __all__ = [
     "AuthKey",
     "AuthSettings",
     "BulkheadSettings",
+    "CheckpointSettings",
     "ConfigError",
     "ConnectionSettings",
     "FencingSettings",
@@ -141,6 +142,13 @@ class FencingSettings(_Section):
     relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
+class CheckpointSettings(_Section):
+    """A job's checkpoints (``[checkpoints]``)."""
+
+    # The largest checkpoint value (its JSON body, bytes); a larger one is refused with 413.
+    max_bytes: Annotated[int, Field(ge=16, le=16 * 1024 * 1024)] = 65_536
+
+
 class ConnectionSettings(_Section):
     """Connection hygiene of the HTTP server (``[connections]``)."""
 
@@ -249,6 +257,7 @@ class Settings(BaseSettings):
     connections: ConnectionSettings = ConnectionSettings()
     bulkheads: BulkheadSettings = BulkheadSettings()
     quotas: QuotaSettings = QuotaSettings()
+    checkpoints: CheckpointSettings = CheckpointSettings()
     # Each adapter section is validated by its own type's model (adapters.registry).
     adapters: dict[str, dict[str, Any]] = {}
 

@@ -47,6 +47,7 @@ from gateway.errors import (
     GenerationRegression,
     IntentMismatch,
     JobCancelled,
+    JobCompleted,
     LeaseExpired,
     NotFound,
     StaleGeneration,
@@ -108,6 +109,8 @@ SCRIPT_NAMES = (
     "resolve-4",
     "relay-4",
     "void-3",
+    "checkpoint-3",
+    "complete-3",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
@@ -124,6 +127,7 @@ _REJECTIONS: dict[str, type[FencegateError]] = {
         GenerationRegression,
         GenerationExhausted,
         IntentMismatch,
+        JobCompleted,
     )
 }
 
@@ -136,6 +140,7 @@ _DETAILS = {
     "generation_exhausted": "the job's fence {c} is the largest generation; nothing to allocate",
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
     "bad_token": "the fencing token is not valid",
+    "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
 
 
@@ -575,8 +580,15 @@ class Store:
         return record
 
     async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
-        """Cancel the job; returns (fence, was_already_cancelled)."""
+        """Cancel the job; returns (fence, was_already_cancelled). A completed job is not
+        cancelled (:class:`JobCompleted`, not audited: the scheduler's call, not a worker's)."""
         reply = await self._run("cancel-1", keys, (keys.job,), ())
+        if int(reply[0]) == 2:
+            raise JobCompleted(
+                "the job completed; a completed job is not cancelled",
+                presented=None,
+                current=int(reply[1]),
+            )
         return int(reply[1]), int(reply[0]) == 1
 
     async def admit(
