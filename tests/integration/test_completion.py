@@ -243,8 +243,7 @@ async def test_checkpoints_read_by_roles_and_listed(make_gateway: Any) -> None:
     from tests.conftest import key_digest
 
     keys = [
-        {"role": r, "sha256": key_digest(f"{r}-key")}
-        for r in ("worker", "scheduler", "auditor")
+        {"role": r, "sha256": key_digest(f"{r}-key")} for r in ("worker", "scheduler", "auditor")
     ]
     gw: Gateway = await make_gateway(auth={"keys": keys})
 
