@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from gateway.keys import JobKeys
+from gateway.store.keys import JobKeys
 from tests.conftest import Gateway, Upstream
 
 JOB = JobKeys("default", "r")

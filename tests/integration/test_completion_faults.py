@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
-from gateway.embedded import EmbeddedRedis
-from gateway.keys import JobKeys
+from gateway.http.app import create_app
+from gateway.store.embedded import EmbeddedRedis
+from gateway.store.keys import JobKeys
 from tests.conftest import Gateway, Upstream, gateway_settings
 from tests.integration.test_completion import code, complete, put_checkpoint
 from tests.wire import WireProxy

@@ -6,9 +6,12 @@ import json
 import re
 from typing import Any
 
-from gateway.models import Problem
-from gateway.routes import ROUTES
+from gateway.http.jobviews import JOB_ROUTES
+from gateway.http.models import Problem
+from gateway.http.views import ROUTES as CORE_ROUTES
 from tests.conftest import Gateway
+
+ROUTES = (*CORE_ROUTES, *JOB_ROUTES)
 
 
 def refs(node: Any) -> list[str]:
