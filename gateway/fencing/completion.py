@@ -42,7 +42,7 @@ class OutputRecorder(Protocol):
 
     async def ensure_recorded(
         self, tenant: str, job: str, generation: int, names: Sequence[str]
-    ) -> None: ...
+    ) -> object: ...
 
 
 def body_sha(outputs: Sequence[str], result: Any) -> str:
