@@ -35,7 +35,11 @@ from gateway.errors import FencegateError, InternalError, Rejection, StoreUnavai
 from gateway.handlers import HOT_HANDLERS, ROUTES
 from gateway.logging import end_request, log_request, request_context
 from gateway.metrics import Metrics
+from gateway.objects import build_object_store
 from gateway.openapi import build_openapi
+from gateway.outputs import OutputService
+from gateway.outputs_http import OUTPUT_ROUTES, OUTPUTS
+from gateway.outputs_sweep import sweep as sweep_outputs
 from gateway.problems import from_http_exception, problem_response
 from gateway.quotas import QuotaedService, Quotas
 from gateway.settings import ConfigError, Settings, read_secret
@@ -136,6 +140,7 @@ def create_app(
             raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
 
     audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
+    objects = build_object_store(settings, secret)  # outputs (issue 16): config errors here
 
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(
@@ -176,6 +181,13 @@ def create_app(
             log.warning("redis_unavailable_at_start", detail=exc.detail)
         app[K.STORE] = store
         app[K.METRICS].watch(store.batcher)
+        app[OUTPUTS] = OutputService(
+            store,
+            objects,
+            settings.outputs,
+            registration=settings.fencing.registration,
+            retention_seconds=settings.fencing.retention_seconds,
+        )
 
         async def epochs() -> None:
             while True:
@@ -191,7 +203,20 @@ def create_app(
                 except OSError as exc:
                     log.error("state_file_write_failed", error=str(exc))
 
-        tickers = [asyncio.create_task(epochs()), asyncio.create_task(marks())]
+        async def sweeps() -> None:
+            interval = settings.outputs.sweep_interval_seconds
+            while interval > 0:
+                await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+                try:
+                    await sweep_outputs(
+                        app[OUTPUTS],
+                        grace_seconds=settings.outputs.orphan_grace_seconds,
+                        metrics=app[K.METRICS],
+                    )
+                except Exception as exc:  # a failed sweep is tried again next interval
+                    log.warning("output_sweep_failed", error=str(exc))
+
+        tickers = [asyncio.create_task(t()) for t in (epochs, marks, sweeps)]
         anchorer.start(settings.audit.anchor_interval_seconds)
         yield
         for ticker in tickers:
@@ -273,6 +298,6 @@ def create_app(
     app.cleanup_ctx.append(redis_ctx)
     app.cleanup_ctx.append(adapters_ctx)
     # the router tries routes sharing a prefix in the order added: the hot ones first
-    for route in sorted(ROUTES, key=lambda r: r.handler not in HOT_HANDLERS):
+    for route in sorted((*ROUTES, *OUTPUT_ROUTES), key=lambda r: r.handler not in HOT_HANDLERS):
         app.router.add_route(route.method, route.path, route.handler)
     return app

@@ -47,6 +47,7 @@ from gateway.errors import (
     GenerationRegression,
     IntentMismatch,
     JobCancelled,
+    JobCompleted,
     LeaseExpired,
     NotFound,
     StaleGeneration,
@@ -108,6 +109,9 @@ SCRIPT_NAMES = (
     "resolve-4",
     "relay-4",
     "void-3",
+    # attempt-scoped outputs (gateway.outputs)
+    "output-stage-3",
+    "output-record-3",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
@@ -124,6 +128,7 @@ _REJECTIONS: dict[str, type[FencegateError]] = {
         GenerationRegression,
         GenerationExhausted,
         IntentMismatch,
+        JobCompleted,
     )
 }
 
@@ -132,6 +137,7 @@ _DETAILS = {
     "unregistered_generation": "generation {p} is above the fence {c} and was never registered",
     "lease_expired": "the lease of generation {p} ran out without renewal",
     "job_cancelled": "the job was cancelled",
+    "job_completed": "the job is completed; nothing more is written to it",
     "generation_regression": "generation {p} is below the job's fence {c}",
     "generation_exhausted": "the job's fence {c} is the largest generation; nothing to allocate",
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
@@ -340,6 +346,19 @@ class Store:
             raise StoreUnavailable(self.marker_missing_detail)
         del reply[0]
         return reply
+
+    async def script(
+        self, name: str, job: JobKeys, keys: Sequence[str], args: Sequence[str]
+    ) -> list[Any]:
+        """Run one of :data:`SCRIPT_NAMES` for a service above the store (gateway.outputs),
+        through the same prelude, trailer and failure handling as the store's own calls."""
+        return await self._run(name, job, keys, args)
+
+    async def rejected(
+        self, keys: JobKeys, reply: list[Any], *, step: str = "", worker_id: str = ""
+    ) -> FencegateError:
+        """The typed error of a script's ``{9, …}`` reply (copied to the tenant's feed)."""
+        return await self._rejected(keys, reply, step=step, worker_id=worker_id)
 
     # -- durability marker ---------------------------------------------------
 
