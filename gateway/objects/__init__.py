@@ -2,7 +2,7 @@
 
 :mod:`gateway.objects.store` is the one module that talks to an object store: the local
 filesystem (the embedded default) or S3 (any S3-compatible service). It knows nothing
-of fences; the fenced decisions around every write are in :mod:`gateway.outputs`.
+of fences; the fenced decisions around every write are in :mod:`gateway.fencing.outputs`.
 """
 
 from gateway.objects.store import (

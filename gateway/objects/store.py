@@ -26,7 +26,7 @@ from obstore.exceptions import BaseError as ObstoreBaseError
 from obstore.exceptions import PreconditionError
 from obstore.store import LocalStore, S3Store
 
-from gateway.settings import ConfigError, OutputSettings, Settings
+from gateway.runtime.settings import ConfigError, OutputSettings, Settings
 
 __all__ = [
     "ObjectInfo",
