@@ -37,7 +37,7 @@ import asyncio
 import hashlib
 import json
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +133,9 @@ class OutputService:
         *,
         registration: str,
         retention_seconds: int,
+        crash_hook: Callable[[str], None] | None = None,
     ) -> None:
+        self._crash = crash_hook or (lambda point: None)  # chaos tests: SIGKILL at a point
         self.store = store
         self.objects = objects
         self.settings = settings
@@ -253,6 +255,7 @@ class OutputService:
             if isinstance(exc, ObjectStoreError):
                 raise ObjectStoreUnavailable(str(exc)) from exc
             raise
+        self._crash("after_output_write")  # the object is written, not recorded
         entry = await self._record(
             keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
             content_type=content_type, etag=info.etag,

@@ -187,6 +187,7 @@ def create_app(
             settings.outputs,
             registration=settings.fencing.registration,
             retention_seconds=settings.fencing.retention_seconds,
+            crash_hook=crash_hook,
         )
 
         async def epochs() -> None:

@@ -134,8 +134,8 @@ async def put_output(request: web.Request) -> web.Response:
             content_length=request.content_length, worker_id=worker_id or "",
         )  # fmt: skip
     except FencegateError as exc:
-        if not request.content.is_eof():
-            request.protocol.force_close()  # the rest of the body is never read
+        # the rest of an unread body is aiohttp's to discard after the answer (bounded by
+        # its lingering time, then the connection closes): the client reads the problem
         request.app[K.METRICS].outputs.labels(exc.code).inc()
         raise
     request.app[K.METRICS].outputs.labels("recorded").inc()
