@@ -52,7 +52,7 @@ class Objects:
     bucket: str = ""
     prefix: str = ""
 
-    def keys(self) -> dict[str, int]:
+    def stored(self) -> dict[str, int]:
         """Every stored key (without the configured prefix) and its size."""
         if self.root is not None:
             return {
@@ -151,7 +151,7 @@ async def test_upload_is_streamed_hashed_and_recorded(ogw: Any, objects: Objects
     assert out["state"] == "recorded" and out["key"] == key and out["generation"] == 1
     assert out["size"] == len(body) and out["sha256"] == sha(body)
     assert out["content_type"] == "application/pdf"
-    assert objects.keys() == {key: len(body)}
+    assert objects.stored() == {key: len(body)}
     assert objects.read(key) == body
 
     # nothing is promoted before a completion
@@ -192,10 +192,10 @@ async def test_zombie_upload_after_takeover_is_refused_before_any_byte(
     problem = await resp.json()
     assert problem["code"] == "stale_generation"
     assert (problem["presented"], problem["current"]) == (1, 2)
-    assert not [k for k in objects.keys() if "/g1/" in k]  # the store never saw a byte
+    assert not [k for k in objects.stored() if "/g1/" in k]  # the store never saw a byte
     audit = await ogw.audit(job=JOB)
-    assert [(e["step"], e["reason"], e["presented"], e["current"], e["worker_id"])
-            for e in audit] == [("output:report", "stale_generation", 1, 2, "worker-a")]  # fmt: skip
+    seen = [(e["step"], e["reason"], e["presented"], e["current"], e["worker_id"]) for e in audit]
+    assert seen == [("output:report", "stale_generation", 1, 2, "worker-a")]
 
 
 async def test_fence_moving_during_the_upload_refuses_the_record_and_leaves_an_orphan(
@@ -220,20 +220,20 @@ async def test_fence_moving_during_the_upload_refuses_the_record_and_leaves_an_o
     resp = await upload
     assert resp.status == 409 and (await resp.json())["code"] == "stale_generation"
     key = f"default/{JOB}/g1/report"
-    assert objects.keys() == {key: 100_000}  # written, never recorded: an orphan
+    assert objects.stored() == {key: 100_000}  # written, never recorded: an orphan
     assert '"state":"staged"' in redis_sync.hget(outputs_key, "1/report")
 
     service = ogw.app[OUTPUTS]
     metrics = ogw.app[K.METRICS]
     kept = await sweep(service, grace_seconds=3600, metrics=metrics)
     assert [(o.key, o.reason, o.deletable) for o in kept.orphans] == [(key, "stale", False)]
-    assert objects.keys() == {key: 100_000}  # within the grace: counted, not deleted
+    assert objects.stored() == {key: 100_000}  # within the grace: counted, not deleted
     assert await metric(ogw, 'fencegate_output_orphans{reason="stale"}') == 1
     assert await metric(ogw, 'fencegate_output_orphan_bytes{reason="stale"}') == 100_000
 
     swept = await sweep(service, grace_seconds=0, metrics=metrics)
     assert [o.key for o in swept.deleted] == [key]
-    assert objects.keys() == {}
+    assert objects.stored() == {}
     assert await metric(ogw, 'fencegate_output_orphans{reason="stale"}') == 0
     assert await metric(ogw, 'fencegate_output_orphans_deleted_total{reason="stale"}') == 1
     assert await metric(ogw, "fencegate_output_orphan_age_seconds_count") == 1
@@ -276,7 +276,7 @@ async def test_cancelled_job_refuses_uploads_and_its_objects_are_swept(
     assert [(o.reason, o.key) for o in report.deleted] == [
         ("cancelled", f"default/{JOB}/g1/report")
     ]
-    assert objects.keys() == {}
+    assert objects.stored() == {}
 
 
 async def test_sweeper_fails_closed_on_a_wiped_redis(
@@ -288,7 +288,7 @@ async def test_sweeper_fails_closed_on_a_wiped_redis(
     redis_sync.flushall()  # fences and markers gone: nothing can be decided
     with pytest.raises(Exception, match="durability marker"):
         await sweep(ogw.app[OUTPUTS], grace_seconds=0)
-    assert list(objects.keys()) == [f"default/{JOB}/g1/report"]
+    assert list(objects.stored()) == [f"default/{JOB}/g1/report"]
 
 
 # -- bad input -------------------------------------------------------------------------
@@ -319,7 +319,7 @@ async def test_bad_output_names_are_refused_and_write_nothing(
     async with ogw.client.session.put(url, data=b"evil", headers=headers) as resp:
         assert resp.status in (400, 404), (raw, resp.status)
         assert resp.headers["Content-Type"].startswith("application/problem+json")
-    assert objects.keys() == {}
+    assert objects.stored() == {}
     assert not redis_sync.exists(f"fg:{{default/{JOB}}}:outputs")
 
 
@@ -341,7 +341,7 @@ async def test_declared_oversize_body_is_refused_before_the_stage(
     resp = await put(ogw, gen, b"z" * (1024 * 1024 + 1))  # Content-Length says too much
     assert resp.status == 413
     assert (await resp.json())["code"] == "payload_too_large"
-    assert objects.keys() == {}
+    assert objects.stored() == {}
     assert not redis_sync.exists(f"fg:{{default/{JOB}}}:outputs")
 
 
@@ -360,7 +360,7 @@ async def test_oversize_chunked_body_is_cut_while_streaming(ogw: Any, objects: O
         assert resp.status == 413
     except aiohttp.ClientError:
         pass  # the gateway closed the connection while the client was still writing
-    assert objects.keys() == {}
+    assert objects.stored() == {}
     assert (await put(ogw, gen, b"fits")).status == 201
 
 
@@ -400,7 +400,7 @@ async def test_short_body_or_disconnect_mid_upload_records_nothing(
             break
         await asyncio.sleep(0.02)
     assert '"state":"staged"' in entry and '"deadline":0' in entry
-    assert objects.keys() == {}  # the abandoned put left no object at all
+    assert objects.stored() == {}  # the abandoned put left no object at all
     resp = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/report")
     assert resp.status == 404
     assert (await put(ogw, gen, b"the retry")).status == 201
@@ -410,7 +410,7 @@ async def test_content_type_must_be_a_media_type(ogw: Any, objects: Objects) -> 
     gen = await register(ogw)
     resp = await put(ogw, gen, b"x", **{"Content-Type": "not a media type"})
     assert resp.status == 400
-    assert objects.keys() == {}
+    assert objects.stored() == {}
 
 
 # -- pre-signed uploads -----------------------------------------------------------------
