@@ -43,7 +43,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-import gateway.store.store as store_module
+import gateway.store.scripts as store_module
 from gateway.core.errors import (
     EffectNotUnknown,
     FencegateError,
