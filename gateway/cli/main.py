@@ -402,6 +402,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
+    from gateway.cli.jobview import job_state_lines
     from gateway.client import Scheduler
 
     async def run() -> dict[str, Any]:
@@ -429,6 +430,8 @@ def cmd_job(args: argparse.Namespace) -> int:
         print(
             _table(rows, ["step", "state", "gen", "adapter", "operation", "attempts", "updated_at"])
         )
+    for line in job_state_lines(job, _table):  # completion, checkpoints, outputs
+        print(line)
     return EXIT_OK
 
 
@@ -587,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     for name, helptext in (
-        ("job", "show a job's fence and effects"),
+        ("job", "show a job's fence, effects, checkpoints, outputs and completion"),
         ("audit", "list rejected calls"),
     ):
         p = sub.add_parser(name, help=helptext)

@@ -25,13 +25,15 @@ error instead of ``CancelledError``. Only ``effect_in_progress`` and
 from __future__ import annotations
 
 import asyncio
+import json as jsonlib
+import os
 import random
 import threading
 import time
-from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import aiohttp
 
@@ -45,8 +47,11 @@ from gateway.core.errors import (
     IntentMismatch,
     InvalidRequest,
     JobCancelled,
+    JobCompleted,
     LeaseExpired,
+    NotFound,
     OutcomeUnknown,
+    OutputNotStaged,
     Rejection,
     StaleGeneration,
     StoreUnavailable,
@@ -60,6 +65,8 @@ from gateway.core.tokens import sign_token
 __all__ = [
     "AdapterUnavailable",
     "BadToken",
+    "CheckpointValue",
+    "Completion",
     "EffectFailed",
     "EffectInProgress",
     "EffectResult",
@@ -70,8 +77,11 @@ __all__ = [
     "IntentMismatch",
     "InvalidRequest",
     "JobCancelled",
+    "JobCompleted",
     "LeaseExpired",
     "OutcomeUnknown",
+    "OutputNotStaged",
+    "OutputUploaded",
     "Rejection",
     "Scheduler",
     "StaleGeneration",
@@ -96,6 +106,41 @@ class Generation:
     token: str
     lease_expires_at: str | None
     created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointValue:
+    """A checkpoint as stored: its value and the generation that wrote it."""
+
+    name: str
+    value: Any
+    generation: int
+    worker_id: str | None
+    at: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The job's completion: by which generation, its result and promoted outputs."""
+
+    generation: int
+    completed_at: str | None
+    result: Any
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OutputUploaded:
+    """An attempt-scoped output written and recorded (not promoted until completion)."""
+
+    name: str
+    generation: int
+    size: int
+    sha256: str
+
+
+OutputData = bytes | bytearray | memoryview | IO[bytes] | os.PathLike[str]
 
 
 def mint_token(
@@ -150,6 +195,7 @@ class _Client:
         json: Any = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
+        data: Any = None,
     ) -> tuple[int, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
@@ -159,6 +205,7 @@ class _Client:
                 method,
                 self._base + path,
                 json=json,
+                data=data,
                 headers={**self._headers, **(headers or {})},
                 params=params,
             ) as resp:
@@ -178,6 +225,16 @@ def problem_error(status: int, body: Any) -> FencegateError:
         k: v for k, v in body.items() if k not in ("type", "title", "status", "detail", "code")
     }
     return error_for_code(str(body["code"]))(str(body.get("detail", "")), status=status, **fields)
+
+
+def _checkpoint(out: Mapping[str, Any]) -> CheckpointValue:
+    return CheckpointValue(
+        name=out["name"],
+        value=out.get("value"),
+        generation=out["generation"],
+        worker_id=out.get("worker_id"),
+        at=out.get("at"),
+    )
 
 
 class Scheduler(_Client):
@@ -245,6 +302,7 @@ class FencedJob(_Client):
         self.retries = retries
         self.backoff = backoff
         self.superseded: FencegateError | None = None
+        self.completion: Completion | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -287,6 +345,8 @@ class FencedJob(_Client):
             await asyncio.sleep(interval)
             try:
                 await self.heartbeat()
+            except JobCompleted:
+                return  # completed (by this generation: a stale one hears stale_generation)
             except SUPERSEDED as err:
                 self._supersede(err)
                 return
@@ -336,6 +396,85 @@ class FencedJob(_Client):
                 adapter=out["adapter"],
                 result=out["result"],
             )
+
+    def _stale(self, err: FencegateError) -> None:
+        if isinstance(err, SUPERSEDED):
+            self.superseded = self.superseded or err
+
+    async def checkpoint(self, name: str, value: Any) -> CheckpointValue:
+        """Store ``value`` (any JSON value) as checkpoint ``name`` under the fence."""
+        body = jsonlib.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        try:
+            _, out = await self._call(
+                "PUT",
+                f"/v1/jobs/{self.job_id}/checkpoints/{name}",
+                data=body,
+                headers={**self._fence_headers(), "Content-Type": "application/json"},
+            )
+        except FencegateError as err:
+            self._stale(err)
+            raise
+        return _checkpoint(out)
+
+    async def load_checkpoint(self, name: str) -> CheckpointValue | None:
+        """The last value stored as ``name`` by any generation of this job (None: none yet).
+        ``.generation`` says which generation wrote it."""
+        try:
+            _, out = await self._call("GET", f"/v1/jobs/{self.job_id}/checkpoints/{name}")
+        except NotFound:
+            return None
+        return _checkpoint(out)
+
+    async def put_output(
+        self, name: str, data: OutputData, *, content_type: str = "application/octet-stream"
+    ) -> OutputUploaded:
+        """Upload an output to this generation's own location (streamed; a path or a binary
+        file is read in chunks). It becomes the job's official output only when
+        :meth:`complete` names it. Nothing is ever deleted by the SDK."""
+        headers = {**self._fence_headers(), "Content-Type": content_type}
+        path = os.fspath(data) if isinstance(data, os.PathLike) else None
+        try:
+            if path is not None:
+                with open(path, "rb") as fh:  # noqa: ASYNC230 - aiohttp reads it in chunks
+                    _, out = await self._call(
+                        "PUT", f"/v1/jobs/{self.job_id}/outputs/{name}", data=fh, headers=headers
+                    )
+            else:
+                _, out = await self._call(
+                    "PUT", f"/v1/jobs/{self.job_id}/outputs/{name}", data=data, headers=headers
+                )
+        except FencegateError as err:
+            self._stale(err)
+            raise
+        return OutputUploaded(
+            name=out["name"], generation=out["generation"], size=out["size"], sha256=out["sha256"]
+        )
+
+    async def complete(self, *, result: Any = None, outputs: Sequence[str] = ()) -> Completion:
+        """Complete the job under the fence, promoting ``outputs`` (uploaded by this
+        generation). Sent again after a lost answer, the same completion replays. A stale
+        generation raises :class:`StaleGeneration`, like an effect; heartbeats stop after."""
+        body = {"outputs": list(outputs), "result": result}
+        try:
+            _, out = await self._call(
+                "POST",
+                f"/v1/jobs/{self.job_id}/complete",
+                json=body,
+                headers=self._fence_headers(),
+            )
+        except FencegateError as err:
+            self._stale(err)
+            raise
+        self.completion = Completion(
+            generation=out["generation"],
+            completed_at=out["completed_at"],
+            result=out["result"],
+            outputs=dict(out["outputs"]),
+            replayed=out["replayed"],
+        )
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()  # the job is over: nothing to renew
+        return self.completion
 
 
 class _LoopThread:
@@ -423,6 +562,23 @@ class SyncFencedJob:
 
     def heartbeat(self) -> dict[str, Any]:
         return self._loop.run(self._job.heartbeat())
+
+    def checkpoint(self, name: str, value: Any) -> CheckpointValue:
+        self.check()
+        return self._loop.run(self._job.checkpoint(name, value))
+
+    def load_checkpoint(self, name: str) -> CheckpointValue | None:
+        return self._loop.run(self._job.load_checkpoint(name))
+
+    def put_output(
+        self, name: str, data: OutputData, *, content_type: str = "application/octet-stream"
+    ) -> OutputUploaded:
+        self.check()
+        return self._loop.run(self._job.put_output(name, data, content_type=content_type))
+
+    def complete(self, *, result: Any = None, outputs: Sequence[str] = ()) -> Completion:
+        self.check()
+        return self._loop.run(self._job.complete(result=result, outputs=outputs))
 
     def close(self) -> None:
         async def stop() -> None:

@@ -23,7 +23,7 @@ gateway decided::
     │   ├── JobCancelled              job_cancelled
     │   ├── GenerationRegression      generation_regression
     │   ├── GenerationExhausted       generation_exhausted (fence is 2^53-1: nothing to allocate)
-    │   ├── JobCompleted              job_completed (the job is complete: nothing more is written)
+    │   ├── JobCompleted              job_completed (the job completed: nothing new is taken)
     │   └── IntentMismatch        422 intent_mismatch
     ├── EffectInProgress          409 effect_in_progress (Retry-After)
     ├── OutcomeUnknown            409 outcome_unknown (504 when this call timed out)
@@ -32,6 +32,8 @@ gateway decided::
     ├── UploadUrlUnsupported      501 upload_url_unsupported (the object store cannot sign URLs)
     ├── ObjectStoreUnavailable    503 object_store_unavailable (nothing was recorded)
     ├── UnknownAdapter            422 unknown_adapter
+    ├── OutputNotStaged           422 output_not_staged (completion names outputs this
+    │                                 generation did not record; ``missing``: their names)
     ├── EffectFailed              424 effect_failed
     ├── AdapterUnavailable        502 adapter_unavailable
     ├── StoreUnavailable          503 store_unavailable
@@ -65,6 +67,7 @@ __all__ = [
     "ObjectStoreUnavailable",
     "OutcomeUnknown",
     "OutputInProgress",
+    "OutputNotStaged",
     "PayloadTooLarge",
     "QuotaExceeded",
     "Rejection",
@@ -214,7 +217,7 @@ class GenerationExhausted(Rejection):
 
 class JobCompleted(Rejection):
     code = "job_completed"
-    title = "The job is completed; nothing more is written to it"
+    title = "The job completed; it takes no new effects, checkpoints, outputs or generations"
 
 
 class IntentMismatch(Rejection):
@@ -263,6 +266,12 @@ class UnknownAdapter(FencegateError):
     code = "unknown_adapter"
     status = 422
     title = "No adapter of that name is configured"
+
+
+class OutputNotStaged(FencegateError):
+    code = "output_not_staged"
+    status = 422
+    title = "An output named by the completion was not recorded by this generation"
 
 
 class EffectFailed(FencegateError):

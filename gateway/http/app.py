@@ -27,6 +27,7 @@ from adapters.registry import build_adapters, validate_configs
 from gateway.core.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.core.tokens import TokenSigner
 from gateway.fencing.bulkheads import HttpPools, scope_adapters
+from gateway.fencing.completion import CompletionService
 from gateway.fencing.outputs import OutputService
 from gateway.fencing.outputs_sweep import sweep as sweep_outputs
 from gateway.fencing.quotas import QuotaedService, Quotas
@@ -36,6 +37,7 @@ from gateway.http.auth import Authenticator
 from gateway.http.browser import GUARD as BROWSER_GUARD
 from gateway.http.browser import BrowserGuard
 from gateway.http.connections import GUARD, GuardSlot, body_deadline
+from gateway.http.jobviews import JOB_ROUTES
 from gateway.http.openapi import build_openapi
 from gateway.http.outputs import OUTPUT_ROUTES, OUTPUTS
 from gateway.http.problems import from_http_exception, problem_response
@@ -45,6 +47,7 @@ from gateway.runtime.logging import end_request, log_request, request_context
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import ConfigError, Settings, read_secret
 from gateway.store import anchors as anchors_module
+from gateway.store.jobstate import JobState
 from gateway.store.store import Store, connect
 
 __all__ = ["create_app"]
@@ -180,6 +183,13 @@ def create_app(
         except StoreUnavailable as exc:
             log.warning("redis_unavailable_at_start", detail=exc.detail)
         app[K.STORE] = store
+        app[K.JOBSTATE] = JobState(
+            store,
+            registration=settings.fencing.registration,
+            retention_seconds=settings.fencing.retention_seconds,
+        )
+        # the object store's side sets .recorder (pre-signed uploads recorded at completion)
+        app[K.COMPLETION] = CompletionService(app[K.JOBSTATE])
         app[K.METRICS].watch(store.batcher)
         app[OUTPUTS] = OutputService(
             store,
@@ -189,6 +199,7 @@ def create_app(
             retention_seconds=settings.fencing.retention_seconds,
             crash_hook=crash_hook,
         )
+        app[K.COMPLETION].recorder = app[OUTPUTS]  # presigned uploads recorded at completion
 
         async def epochs() -> None:
             while True:
@@ -299,6 +310,8 @@ def create_app(
     app.cleanup_ctx.append(redis_ctx)
     app.cleanup_ctx.append(adapters_ctx)
     # the router tries routes sharing a prefix in the order added: the hot ones first
-    for route in sorted((*ROUTES, *OUTPUT_ROUTES), key=lambda r: r.handler not in HOT_HANDLERS):
+    for route in sorted(
+        (*ROUTES, *JOB_ROUTES, *OUTPUT_ROUTES), key=lambda r: r.handler not in HOT_HANDLERS
+    ):
         app.router.add_route(route.method, route.path, route.handler)
     return app

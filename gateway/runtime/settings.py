@@ -25,6 +25,7 @@ __all__ = [
     "AuthKey",
     "AuthSettings",
     "BulkheadSettings",
+    "CheckpointSettings",
     "ConfigError",
     "ConnectionSettings",
     "FencingSettings",
@@ -140,6 +141,13 @@ class FencingSettings(_Section):
     # every slot's queue again (finds a step whose hint was lost in a crash).
     relay_per_tenant: Annotated[int, Field(ge=1, le=1000)] = 16
     relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+
+
+class CheckpointSettings(_Section):
+    """A job's checkpoints (``[checkpoints]``)."""
+
+    # The largest checkpoint value (its JSON body, bytes); a larger one is refused with 413.
+    max_bytes: Annotated[int, Field(ge=16, le=16 * 1024 * 1024)] = 65_536
 
 
 class ConnectionSettings(_Section):
@@ -287,6 +295,7 @@ class Settings(BaseSettings):
     connections: ConnectionSettings = ConnectionSettings()
     bulkheads: BulkheadSettings = BulkheadSettings()
     quotas: QuotaSettings = QuotaSettings()
+    checkpoints: CheckpointSettings = CheckpointSettings()
     outputs: OutputSettings = OutputSettings()
     # Each adapter section is validated by its own type's model (adapters.registry).
     adapters: dict[str, dict[str, Any]] = {}

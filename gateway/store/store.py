@@ -98,6 +98,7 @@ _DETAILS = {
     "generation_exhausted": "the job's fence {c} is the largest generation; nothing to allocate",
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
     "bad_token": "the fencing token is not valid",
+    "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
 
 
@@ -250,8 +251,15 @@ class Store(RelayQueue, StoreReads):
         return record
 
     async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
-        """Cancel the job; returns (fence, was_already_cancelled)."""
+        """Cancel the job; returns (fence, was_already_cancelled). A completed job is not
+        cancelled (:class:`JobCompleted`, not audited: the scheduler's call, not a worker's)."""
         reply = await self._run("cancel-1", keys, (keys.job,), ())
+        if int(reply[0]) == 2:
+            raise JobCompleted(
+                "the job completed; a completed job is not cancelled",
+                presented=None,
+                current=int(reply[1]),
+            )
         return int(reply[1]), int(reply[0]) == 1
 
     async def admit(

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from gateway.cli.demo import Sinks, _report
 from tests.conftest import Gateway
@@ -108,3 +109,31 @@ async def test_audit_follow_prints_new_rejections(gw: Gateway) -> None:
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_job_command_shows_checkpoints_staged_and_promoted_outputs(
+    gw: Gateway, redis_sync: Any
+) -> None:
+    from tests.integration.test_completion import complete, put_checkpoint, record_output
+
+    url = str(gw.client.make_url("")).rstrip("/")
+    await gw.register("r", generation=1)
+    record_output(redis_sync, 1, "report.pdf", b"A's draft")
+    await gw.register("r", generation=2)
+    assert (await put_checkpoint(gw, "progress", {"page": 7}, 2, worker="B")).status == 200
+    record_output(redis_sync, 2, "report.pdf", b"B's report")
+    assert (await complete(gw, 2, result={"pages": 7}, outputs=["report.pdf"])).status == 200
+    code, out, _ = await run_cli("job", "r", "--url", url)
+    assert code == 0, out
+    assert "completed by generation 2 at 20" in out and 'result: {"pages":7}' in out
+    lines = out.splitlines()
+    promoted = lines[lines.index("promoted outputs:") + 3].split()
+    assert promoted[:3] == ["report.pdf", "2", "10"] and promoted[-1] == "default/r/g2/report.pdf"
+    ckpt = lines[lines.index("checkpoints:") + 3].split()
+    assert ckpt[:3] == ["progress", "2", "B"]
+    start = lines.index("staged outputs (attempt-scoped):") + 3
+    staged = [line.split() for line in lines[start : start + 2]]
+    assert [row[:4] for row in staged] == [
+        ["report.pdf", "1", "recorded", "orphan"],
+        ["report.pdf", "2", "recorded", "promoted"],
+    ]

@@ -117,7 +117,7 @@ def test_error_tree_codes_and_problem_documents() -> None:
         return [cls, *(c for sub in cls.__subclasses__() for c in tree(sub))]
 
     codes = [c.code for c in tree(FencegateError)]
-    assert len(codes) == len(set(codes)) == 28  # with unsupported_media_type (415)
+    assert len(codes) == len(set(codes)) == 30  # with job_completed, output_not_staged
 
 
 def test_settings_defaults_and_unknown_keys(tmp_path: Path) -> None:
