@@ -30,6 +30,7 @@ import structlog
 
 from adapters.registry import AdapterConfigError, validate_configs
 from gateway import __version__
+from gateway.cli import outputs as outputs_cli
 from gateway.core.errors import FencegateError
 from gateway.core.records import AuditCheck
 from gateway.fencing.tenancy import resolve_tenancy
@@ -551,7 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
     # chaos testing only: die at a point of the effect flow
     serve.add_argument(
         "--chaos-crash-at",
-        choices=["before_admit", "after_admit", "after_dispatch", "after_record"],
+        choices=[
+            "before_admit",
+            "after_admit",
+            "after_dispatch",
+            "after_record",
+            "after_output_write",
+        ],
         help=argparse.SUPPRESS,
     )
     serve.add_argument("--chaos-crash-rate", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -576,6 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--role", required=True, choices=["worker", "scheduler", "auditor", "admin"])
     new.add_argument("--tenant", default="default", type=_tenant)
     new.set_defaults(func=cmd_keys_new)
+
+    outputs_cli.add_parser(sub)
 
     demo = sub.add_parser("demo", help="run the zombie-worker timeline end to end, locally")
     demo.set_defaults(func=cmd_demo)

@@ -28,6 +28,9 @@ gateway decided::
     ├── EffectInProgress          409 effect_in_progress (Retry-After)
     ├── OutcomeUnknown            409 outcome_unknown (504 when this call timed out)
     ├── EffectNotUnknown          409 effect_not_unknown (resolve: the outcome is known)
+    ├── OutputInProgress          409 output_in_progress (Retry-After; an upload of it is running)
+    ├── UploadUrlUnsupported      501 upload_url_unsupported (the object store cannot sign URLs)
+    ├── ObjectStoreUnavailable    503 object_store_unavailable (nothing was recorded)
     ├── UnknownAdapter            422 unknown_adapter
     ├── OutputNotStaged           422 output_not_staged (completion names outputs this
     │                                 generation did not record; ``missing``: their names)
@@ -61,7 +64,9 @@ __all__ = [
     "LeaseExpired",
     "MethodNotAllowed",
     "NotFound",
+    "ObjectStoreUnavailable",
     "OutcomeUnknown",
+    "OutputInProgress",
     "OutputNotStaged",
     "PayloadTooLarge",
     "QuotaExceeded",
@@ -73,6 +78,7 @@ __all__ = [
     "UnknownAdapter",
     "UnregisteredGeneration",
     "UnsupportedMediaType",
+    "UploadUrlUnsupported",
     "error_for_code",
 ]
 
@@ -236,6 +242,24 @@ class EffectNotUnknown(FencegateError):
     code = "effect_not_unknown"
     status = 409
     title = "Only a step whose outcome is unknown can be resolved"
+
+
+class OutputInProgress(FencegateError):
+    code = "output_in_progress"
+    status = 409
+    title = "An upload of this output by this generation is in progress"
+
+
+class UploadUrlUnsupported(FencegateError):
+    code = "upload_url_unsupported"
+    status = 501
+    title = "The configured object store cannot sign upload URLs"
+
+
+class ObjectStoreUnavailable(FencegateError):
+    code = "object_store_unavailable"
+    status = 503
+    title = "The object store for outputs is unavailable"
 
 
 class UnknownAdapter(FencegateError):

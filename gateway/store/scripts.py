@@ -28,6 +28,9 @@ SCRIPT_NAMES = (
     "void-3",
     "checkpoint-3",
     "complete-3",
+    # attempt-scoped outputs (gateway.fencing.outputs)
+    "output-stage-3",
+    "output-record-3",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")

@@ -18,6 +18,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.core.errors import (
@@ -92,6 +93,7 @@ _DETAILS = {
     "unregistered_generation": "generation {p} is above the fence {c} and was never registered",
     "lease_expired": "the lease of generation {p} ran out without renewal",
     "job_cancelled": "the job was cancelled",
+    "job_completed": "the job is completed; nothing more is written to it",
     "generation_regression": "generation {p} is below the job's fence {c}",
     "generation_exhausted": "the job's fence {c} is the largest generation; nothing to allocate",
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
@@ -102,6 +104,19 @@ _DETAILS = {
 
 class Store(RelayQueue, StoreReads):
     """Fences, effects and audit entries in Redis; every decision is one Lua script."""
+
+    async def script(
+        self, name: str, job: JobKeys, keys: Sequence[str], args: Sequence[str]
+    ) -> list[Any]:
+        """Run one of ``SCRIPT_NAMES`` for a service above the store (gateway.fencing.outputs),
+        through the same prelude, trailer and failure handling as the store's own calls."""
+        return await self._run(name, job, keys, args)
+
+    async def rejected(
+        self, keys: JobKeys, reply: list[Any], *, step: str = "", worker_id: str = ""
+    ) -> FencegateError:
+        """The typed error of a script's ``{9, …}`` reply (copied to the tenant's feed)."""
+        return await self._rejected(keys, reply, step=step, worker_id=worker_id)
 
     # -- decisions -----------------------------------------------------------
     async def _rejected(
