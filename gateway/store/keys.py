@@ -9,16 +9,14 @@ so the tag is unambiguous.
 ``fg:{t/j}:job``        hash: fence, lease_ms, lease_exp, cancelled. No TTL, ever.
 ``fg:{t/j}:fx:<step>``  hash: one effect record. TTL = retention.
 ``fg:{t/j}:steps``      set of the job's step names (for the job view). TTL = retention.
-``fg:{t/j}:outputs``    hash: the job's attempt-scoped outputs, field ``<generation>/<name>``
-                        -> JSON (state staged|recorded, key, size, sha256, …;
-                        gateway.outputs). No TTL: completion points into it.
 ``fg:{t/j}:audit``      stream: the job's rejections, written atomically by the
                         deciding script. TTL = retention.
 ``fg:{t/j}:ckpt``       hash: the job's checkpoints, ``<name>`` → JSON ``{generation,
                         value, worker, at_ms}``. TTL = retention.
 ``fg:{t/j}:outputs``    hash: the job's attempt-scoped outputs, ``<generation>/<name>`` →
                         JSON ``{state: staged|recorded, key, size, sha256, content_type,
-                        staged_ms, recorded_ms, presigned}``. The job hash's ``completed``
+                        staged_ms, recorded_ms, presigned}`` (written by
+                        gateway.fencing.outputs; no TTL). The job hash's ``completed``
                         field holds the promoted ones.
 ``fg:audit:<t>``        stream: the tenant-wide audit feed (a copy of each entry,
                         appended right after the deciding script), trimmed by age.
@@ -143,10 +141,6 @@ class JobKeys:
     @property
     def steps(self) -> str:
         return f"fg:{self.tag}:steps"
-
-    @property
-    def outputs(self) -> str:
-        return f"fg:{self.tag}:outputs"
 
     @property
     def audit(self) -> str:

@@ -93,7 +93,6 @@ _DETAILS = {
     "unregistered_generation": "generation {p} is above the fence {c} and was never registered",
     "lease_expired": "the lease of generation {p} ran out without renewal",
     "job_cancelled": "the job was cancelled",
-    "job_completed": "the job is completed; nothing more is written to it",
     "generation_regression": "generation {p} is below the job's fence {c}",
     "generation_exhausted": "the job's fence {c} is the largest generation; nothing to allocate",
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
