@@ -95,8 +95,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-# The answers after which a worker must stop working on the job.
-SUPERSEDED = (StaleGeneration, JobCancelled, LeaseExpired, UnregisteredGeneration)
+# The answers after which a worker must stop working on the job (a completed job: the
+# heartbeat stops quietly, the work is over; see FencedJob._beat).
+SUPERSEDED = (StaleGeneration, JobCancelled, LeaseExpired, UnregisteredGeneration, JobCompleted)
 
 
 @dataclass(frozen=True, slots=True)
