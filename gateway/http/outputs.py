@@ -21,7 +21,8 @@ from gateway.core.errors import FencegateError, Forbidden, InvalidRequest, Reque
 from gateway.fencing.outputs import OutputEntry, OutputService
 from gateway.http import appkeys as K
 from gateway.http.models import iso_ms
-from gateway.http.views import Route, _body, _generation, _job_as, _worker_id, respond
+from gateway.http.parsing import _body, _generation, _job_as, _worker_id, respond
+from gateway.http.views import Route
 from gateway.objects import valid_output_name
 from gateway.runtime.logging import bind
 
