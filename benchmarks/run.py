@@ -172,6 +172,10 @@ url = "{self.redis.url}"
 data_dir = "{workdir / f"state-{workers}"}"
 auto_init = true
 max_connections = 128
+[connections]
+# the load generator's connections sit idle while the floors are measured (longer than
+# the 15 s default on a busy machine): the gateway must not close them meanwhile
+idle_timeout_seconds = 600
 [adapters.hook]
 type = "webhook"
 url = "http://127.0.0.1:{self.up_port}/hook"
