@@ -344,20 +344,27 @@ class OutputService:
         raw = await _redis(self.store.client.hget(keys.job, "completed"))
         return None if raw is None else dict(json.loads(raw))
 
-    async def open_promoted(
-        self, keys: JobKeys, name: str
-    ) -> tuple[OutputEntry, AsyncIterator[bytes]]:
-        """The promoted object of ``name`` and its bytes; 404 before completion."""
+    async def promoted(self, keys: JobKeys, name: str) -> OutputEntry:
+        """The record of the promoted output ``name``; 404 before completion."""
         done = await self.completion(keys)
         if done is None:
             raise NotFound(f"job {keys.job_id!r} is not completed: no output is promoted yet")
         promoted = (done.get("outputs") or {}).get(name)
         if promoted is None:
             raise NotFound(f"the completion of job {keys.job_id!r} promoted no output {name!r}")
-        gen = int(promoted["generation"])
-        entry = await self.entry(keys, gen, name)
-        if entry is None or entry.key != promoted.get("key", entry.key):
-            raise InternalError(f"output {name!r} is promoted but its record is missing")
+        entry = await self.entry(keys, int(promoted["generation"]), name)
+        if entry is None or entry.key != promoted.get("key") or entry.sha256 != promoted.get(
+            "sha256"
+        ):
+            raise InternalError(f"output {name!r} is promoted but its record does not match")
+        return entry
+
+    async def open_promoted(
+        self, keys: JobKeys, name: str
+    ) -> tuple[OutputEntry, AsyncIterator[bytes]]:
+        """The promoted object of ``name`` and its bytes, checked against the recorded etag
+        (an object replaced behind the gateway's back is refused, never served)."""
+        entry = await self.promoted(keys, name)
         return entry, await self._open(entry, if_match=entry.etag)
 
     async def open_staged(

@@ -175,10 +175,9 @@ async def get_output(request: web.Request) -> web.StreamResponse:
         entry, chunks = await service.open_staged(keys, int(raw_gen), name)
     else:
         if service.settings.redirect_reads and service.objects.can_sign:
-            entry, chunks = await service.open_promoted(keys, name)
-            await chunks.aclose()  # type: ignore[attr-defined]
+            entry = await service.promoted(keys, name)
             url = await service.read_url(entry, READ_URL_SECONDS)
-            raise web.HTTPTemporaryRedirect(url)
+            return web.Response(status=307, headers={"Location": url})
         entry, chunks = await service.open_promoted(keys, name)
     response = web.StreamResponse(
         headers={
