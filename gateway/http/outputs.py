@@ -18,7 +18,8 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from gateway.core.errors import FencegateError, Forbidden, InvalidRequest, RequestTimeout
-from gateway.fencing.outputs import OutputEntry, OutputService
+from gateway.fencing.output_entry import OutputEntry
+from gateway.fencing.outputs import OutputService
 from gateway.http import appkeys as K
 from gateway.http.models import iso_ms
 from gateway.http.views import Route, _body, _generation, _job_as, _worker_id, respond

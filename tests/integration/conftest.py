@@ -131,3 +131,22 @@ async def metric(gw: Any, line_start: str) -> float:
         if line.startswith(line_start + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+def write_config(tmp_path: Path, redis_url: str, objects: Objects) -> Path:
+    """A TOML config for a `fencegate` process on the same Redis and object store."""
+    lines = [
+        "[redis]",
+        f'url = "{redis_url}"',
+        f'data_dir = "{tmp_path / "state"}"',
+        "auto_init = true",
+        "[outputs]",
+        *(
+            f"{k} = {str(v).lower()}" if isinstance(v, bool) else f'{k} = "{v}"'
+            for k, v in objects.section.items()
+        ),
+        "sweep_interval_seconds = 0",
+    ]
+    cfg = tmp_path / "outputs.toml"
+    cfg.write_text("\n".join(lines) + "\n")
+    return cfg

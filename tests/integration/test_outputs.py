@@ -10,7 +10,10 @@ own ListObjectsV2/GetObject over plain HTTP.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,7 +25,7 @@ from gateway.fencing.outputs_sweep import sweep
 from gateway.http import appkeys as K
 from gateway.http.outputs import OUTPUTS
 from gateway.store.keys import JobKeys
-from tests.integration.conftest import JOB, Objects, metric, put, register, sha
+from tests.integration.conftest import JOB, Objects, metric, put, register, sha, write_config
 
 # -- the happy path and reads --------------------------------------------------------
 
@@ -180,6 +183,35 @@ async def test_sweeper_fails_closed_on_a_wiped_redis(
     with pytest.raises(Exception, match="durability marker"):
         await sweep(ogw.app[OUTPUTS], grace_seconds=0)
     assert list(objects.stored()) == [f"default/{JOB}/g1/report"]
+
+
+async def test_cli_sweep_dry_run_then_for_real(
+    ogw: Any, objects: Objects, redis_url: str, tmp_path: Path
+) -> None:
+    a = await register(ogw)
+    assert (await put(ogw, a, b"stale after the takeover")).status == 201
+    await register(ogw)
+    cfg = write_config(tmp_path, redis_url, objects)
+    key = f"default/{JOB}/g1/report"
+
+    async def run(*extra: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "outputs", "sweep", "--config", str(cfg),
+            "--grace", "0", *extra, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=dict(os.environ),
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        return out.decode()
+
+    dry = await run("--dry-run")
+    assert "WOULD DELETE  stale" in dry and key in dry, dry
+    assert "orphans: 1 (stale 1 (24 B)); would delete 1" in dry, dry
+    assert list(objects.stored()) == [key]
+    real = await run()
+    assert "DELETED" in real and key in real, real
+    assert objects.stored() == {}
+    assert "orphans: 0 (none)" in await run()
 
 
 # -- bad input -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from gateway.fencing.outputs_sweep import sweep
 from gateway.http import appkeys as K
 from gateway.http.outputs import OUTPUTS
 from gateway.store.embedded import free_port
-from tests.integration.conftest import JOB, Objects, metric, put, register, sha
+from tests.integration.conftest import JOB, Objects, metric, put, register, sha, write_config
 
 A_BYTES = b"%PDF A's render, written before A stalled\n" * 500
 B_BYTES = b"%PDF B's render, the official one\n" * 700
@@ -139,20 +139,7 @@ async def test_a_presigned_upload_is_recorded_by_the_completion(ogw: Any, object
 
 def _serve(tmp_path: Path, redis_url: str, objects: Objects, crash_at: str) -> tuple[Any, str]:
     port = free_port()
-    lines = [
-        "[redis]",
-        f'url = "{redis_url}"',
-        f'data_dir = "{tmp_path / "state"}"',
-        "auto_init = true",
-        "[outputs]",
-        *(
-            f"{k} = {str(v).lower()}" if isinstance(v, bool) else f'{k} = "{v}"'
-            for k, v in objects.section.items()
-        ),
-        "sweep_interval_seconds = 0",
-    ]
-    cfg = tmp_path / "killed.toml"
-    cfg.write_text("\n".join(lines) + "\n")
+    cfg = write_config(tmp_path, redis_url, objects)
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port),
          "--chaos-crash-at", crash_at],
