@@ -58,7 +58,7 @@ def _print(report: SweepReport, *, dry_run: bool) -> None:
 
 
 def cmd_outputs(args: argparse.Namespace) -> int:
-    from gateway.cli.main import EXIT_OK, EXIT_RUNTIME, _cli_redis_url, _cli_store, _settings
+    from gateway.cli.common import EXIT_OK, EXIT_RUNTIME, _cli_redis_url, _cli_store, _settings
 
     settings = _settings(args)
     objects = build_object_store(settings, read_secret)

@@ -17,8 +17,7 @@ from gateway.http.models import (
     CompleteBody,
     CompletionOut,
 )
-from gateway.http.views import (
-    Route,
+from gateway.http.parsing import (
     _body,
     _generation,
     _job,
@@ -28,6 +27,7 @@ from gateway.http.views import (
     check_shape,
     respond,
 )
+from gateway.http.views import Route
 from gateway.runtime.logging import bind
 from gateway.store.jobstate import Checkpoint, canonical_json
 

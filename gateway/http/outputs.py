@@ -22,7 +22,8 @@ from gateway.fencing.output_entry import OutputEntry
 from gateway.fencing.outputs import OutputService
 from gateway.http import appkeys as K
 from gateway.http.models import iso_ms
-from gateway.http.views import Route, _body, _generation, _job_as, _worker_id, respond
+from gateway.http.parsing import _body, _generation, _job_as, _worker_id, respond
+from gateway.http.views import Route
 from gateway.objects import valid_output_name
 from gateway.runtime.logging import bind
 

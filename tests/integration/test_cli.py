@@ -25,7 +25,17 @@ def test_demo_runs_the_seed_timeline_and_every_invariant_holds() -> None:
     assert ["B", "2", "0", "completed", "(rows=1)"] in lines
     assert ["r:notify", "1"] in lines and ["r:crm", "1"] in lines
     assert "stale_generation   step=notify presented=1 current=2 worker=A" in text
-    assert text.count("[ok]") == 7 and "FAILED" not in text
+    assert "worker B: resumed from_generation=1 stage=rendered" in text
+    assert "worker A: gateway_completion_refused code=stale_generation presented=1 current=2" in (
+        text
+    )
+    assert "stale_generation   step=job:complete presented=1 current=2 worker=A" in text
+    assert (
+        "official report.txt: 'Order 1234 shipping report, rendered by worker B (generation 2)'"
+        in (text)
+    )
+    assert "orphan   report.txt: default/r/g1/report.txt (generation 1)" in text
+    assert text.count("[ok]") == 14 and "FAILED" not in text
 
 
 def test_demo_report_fails_on_a_duplicate(tmp_path: Path) -> None:
