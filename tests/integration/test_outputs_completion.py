@@ -140,11 +140,12 @@ async def test_a_presigned_upload_is_recorded_by_the_completion(ogw: Any, object
 def _serve(tmp_path: Path, redis_url: str, objects: Objects, crash_at: str) -> tuple[Any, str]:
     port = free_port()
     cfg = write_config(tmp_path, redis_url, objects)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port),
-         "--chaos-crash-at", crash_at],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ),
-    )  # fmt: skip
+    with (tmp_path / "killed.log").open("w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port",
+             str(port), "--chaos-crash-at", crash_at],
+            stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ),
+        )  # fmt: skip
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -168,7 +169,7 @@ async def test_gateway_killed_between_write_and_record_never_promotes(
                     headers={"Fencing-Token": str(gen)},
                 ) as r:  # fmt: skip
                     await r.read()
-        assert proc.wait(10) == -9
+        assert proc.wait(10) == -9, (tmp_path / "killed.log").read_text()[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
