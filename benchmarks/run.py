@@ -12,6 +12,8 @@ measures from a load generator in this process:
   G1  accepted effect calls end to end (admit + webhook POST to the upstream + record)
   G2  replays          G3  stale rejections (zombie calls, audited)    G4  heartbeats
   G5  fenced checkpoint writes (PUT …/checkpoints/{name}: one Lua script, no upstream)
+  O1  a 1 MiB output upload + the completion promoting it, against L6, the same on a bare
+      aiohttp server writing a file (benchmarks/outputs.py)
 
 and reports req/s, p50/p99/p99.9, the gateway's CPU seconds per 1,000 calls and
 peak RSS, the ratios G*/L2, and at one connection the gateway's latency minus a
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from benchmarks.loadgen import LeanClient
+from benchmarks.outputs import output_rows
 from gateway.store.embedded import EmbeddedRedis, free_port
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store, connect
@@ -161,6 +164,7 @@ class Stack:
     """redis-server, the upstream and ``fencegate serve --workers N``, pinned to server cores."""
 
     def __init__(self, workdir: Path, workers: int) -> None:
+        self.workdir = workdir
         self.redis = EmbeddedRedis(workdir / f"redis-{workers}", use_socket=False)
         self.redis.start()
         self.up_port, self.gw_port = free_port(), free_port()
@@ -357,6 +361,10 @@ async def run_stack(
         await measure("register g3", n, concurrency, register(3))
         one = min(n, 2000)
         rows.append(await measure("G1 at 1 connection", one, 1, effect("3", 200, "single"), pids))
+        rows += await output_rows(
+            stack.gw_port, stack.workdir, run_id, n, measure, pids,
+            lambda pid: pin(pid, SERVER_CORES),
+        )  # fmt: skip
     finally:
         gw.close()
     return rows
@@ -515,6 +523,10 @@ def main() -> None:
         "G5/L1 (a fenced checkpoint end to end over its raw EVALSHA), G5/L2": (
             f"{by['G5 checkpoint write']['rps'] / by['L1 raw EVALSHA checkpoint']['rps']:.3f}, "
             f"{by['G5 checkpoint write']['ratio_to_l2']}"
+        ),
+        "O1/L6 (1 MiB output upload + completion over the bare aiohttp file write)": round(
+            by["O1 output 1 MiB upload + completion"]["rps"]
+            / by["L6 bare aiohttp 1 MiB PUT to a file + JSON POST"]["rps"], 3
         ),
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)": (
             f"{g1_one['p50_ms'] - l2_one['p50_ms']:.3f} / {g1_one['p99_ms'] - l2_one['p99_ms']:.3f}"

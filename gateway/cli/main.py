@@ -63,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     # chaos testing only: die at a point of the effect flow
     serve.add_argument(
         "--chaos-crash-at",
-        choices=["before_admit", "after_admit", "after_dispatch", "after_record"],
+        choices=[
+            "before_admit",
+            "after_admit",
+            "after_dispatch",
+            "after_record",
+            "after_output_write",
+        ],
         help=argparse.SUPPRESS,
     )
     serve.add_argument("--chaos-crash-rate", type=float, default=1.0, help=argparse.SUPPRESS)

@@ -38,7 +38,6 @@ import hashlib
 import json
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -55,6 +54,7 @@ from gateway.core.errors import (
     StoreUnavailable,
     UploadUrlUnsupported,
 )
+from gateway.fencing.output_entry import OutputEntry
 from gateway.objects import ObjectStore, ObjectStoreError, PreconditionFailed, output_key
 from gateway.runtime.settings import OutputSettings
 from gateway.store.keys import JobKeys
@@ -63,48 +63,6 @@ from gateway.store.store import Store
 __all__ = ["OutputEntry", "OutputService"]
 
 log = structlog.get_logger("fencegate.outputs")
-DEFAULT_TYPE = "application/octet-stream"
-
-
-@dataclass(frozen=True, slots=True)
-class OutputEntry:
-    """One ``<generation>/<name>`` field of the job's outputs hash."""
-
-    generation: int
-    name: str
-    state: str  # staged | recorded
-    key: str
-    size: int
-    sha256: str
-    content_type: str
-    staged_ms: int
-    recorded_ms: int
-    presigned: bool
-    etag: str
-    upload: str
-    deadline_ms: int
-    worker_id: str
-
-    @classmethod
-    def parse(cls, field: str, raw: str) -> OutputEntry:
-        gen, _, name = field.partition("/")
-        d: dict[str, Any] = json.loads(raw)
-        return cls(
-            generation=int(gen),
-            name=name,
-            state=str(d.get("state", "")),
-            key=str(d.get("key", "")),
-            size=int(d.get("size") or 0),
-            sha256=str(d.get("sha256", "")),
-            content_type=str(d.get("content_type") or DEFAULT_TYPE),
-            staged_ms=int(d.get("staged_ms") or 0),
-            recorded_ms=int(d.get("recorded_ms") or 0),
-            presigned=bool(d.get("presigned")),
-            etag=str(d.get("etag", "")),
-            upload=str(d.get("upload", "")),
-            deadline_ms=int(d.get("deadline") or 0),
-            worker_id=str(d.get("worker_id", "")),
-        )
 
 
 class _TooLarge(Exception):
@@ -344,20 +302,29 @@ class OutputService:
         raw = await _redis(self.store.client.hget(keys.job, "completed"))
         return None if raw is None else dict(json.loads(raw))
 
-    async def open_promoted(
-        self, keys: JobKeys, name: str
-    ) -> tuple[OutputEntry, AsyncIterator[bytes]]:
-        """The promoted object of ``name`` and its bytes; 404 before completion."""
+    async def promoted(self, keys: JobKeys, name: str) -> OutputEntry:
+        """The record of the promoted output ``name``; 404 before completion."""
         done = await self.completion(keys)
         if done is None:
             raise NotFound(f"job {keys.job_id!r} is not completed: no output is promoted yet")
         promoted = (done.get("outputs") or {}).get(name)
         if promoted is None:
             raise NotFound(f"the completion of job {keys.job_id!r} promoted no output {name!r}")
-        gen = int(promoted["generation"])
-        entry = await self.entry(keys, gen, name)
-        if entry is None or entry.key != promoted.get("key", entry.key):
-            raise InternalError(f"output {name!r} is promoted but its record is missing")
+        entry = await self.entry(keys, int(promoted["generation"]), name)
+        if (
+            entry is None
+            or entry.key != promoted.get("key")
+            or entry.sha256 != promoted.get("sha256")
+        ):
+            raise InternalError(f"output {name!r} is promoted but its record does not match")
+        return entry
+
+    async def open_promoted(
+        self, keys: JobKeys, name: str
+    ) -> tuple[OutputEntry, AsyncIterator[bytes]]:
+        """The promoted object of ``name`` and its bytes, checked against the recorded etag
+        (an object replaced behind the gateway's back is refused, never served)."""
+        entry = await self.promoted(keys, name)
         return entry, await self._open(entry, if_match=entry.etag)
 
     async def open_staged(

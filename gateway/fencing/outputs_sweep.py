@@ -43,7 +43,8 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.core.errors import StoreUnavailable
-from gateway.fencing.outputs import OutputEntry, OutputService
+from gateway.fencing.output_entry import OutputEntry
+from gateway.fencing.outputs import OutputService
 from gateway.objects import ObjectInfo, ObjectStoreError, parse_output_key
 from gateway.runtime.metrics import Metrics
 from gateway.store.keys import MARKER, JobKeys

@@ -18,7 +18,8 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from gateway.core.errors import FencegateError, Forbidden, InvalidRequest, RequestTimeout
-from gateway.fencing.outputs import OutputEntry, OutputService
+from gateway.fencing.output_entry import OutputEntry
+from gateway.fencing.outputs import OutputService
 from gateway.http import appkeys as K
 from gateway.http.models import iso_ms
 from gateway.http.parsing import _body, _generation, _job_as, _worker_id, respond
@@ -176,10 +177,9 @@ async def get_output(request: web.Request) -> web.StreamResponse:
         entry, chunks = await service.open_staged(keys, int(raw_gen), name)
     else:
         if service.settings.redirect_reads and service.objects.can_sign:
-            entry, chunks = await service.open_promoted(keys, name)
-            await chunks.aclose()  # type: ignore[attr-defined]
+            entry = await service.promoted(keys, name)
             url = await service.read_url(entry, READ_URL_SECONDS)
-            raise web.HTTPTemporaryRedirect(url)
+            return web.Response(status=307, headers={"Location": url})
         entry, chunks = await service.open_promoted(keys, name)
     response = web.StreamResponse(
         headers={

@@ -18,7 +18,7 @@ from gateway.client import FencedJob, JobCompleted, Scheduler, StaleGeneration
 from gateway.fencing.outputs_sweep import sweep
 from gateway.http.outputs import OUTPUTS
 from gateway.store.keys import JobKeys
-from tests.integration.test_outputs import Objects, moto, objects, ogw, sha  # noqa: F401
+from tests.integration.conftest import Objects, sha  # the outputs fixtures live there
 
 JOB = "render-7"
 

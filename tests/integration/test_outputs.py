@@ -10,11 +10,9 @@ own ListObjectsV2/GetObject over plain HTTP.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import io
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+import os
+import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,111 +25,7 @@ from gateway.fencing.outputs_sweep import sweep
 from gateway.http import appkeys as K
 from gateway.http.outputs import OUTPUTS
 from gateway.store.keys import JobKeys
-from tests.s3peer import MotoServer
-
-JOB = "render-7"
-KEY_ID_ENV, SECRET_ENV = "FG_TEST_S3_KEY_ID", "FG_TEST_S3_SECRET"
-
-
-@pytest.fixture(scope="session")
-def moto() -> Iterator[MotoServer]:
-    server = MotoServer()
-    server.start()
-    yield server
-    server.stop()
-
-
-@dataclass
-class Objects:
-    """The object store under test, read back without the gateway."""
-
-    kind: str
-    section: dict[str, Any]
-    root: Path | None = None
-    moto: MotoServer | None = None
-    bucket: str = ""
-    prefix: str = ""
-
-    def stored(self) -> dict[str, int]:
-        """Every stored key (without the configured prefix) and its size."""
-        if self.root is not None:
-            return {
-                str(p.relative_to(self.root)): p.stat().st_size
-                for p in self.root.rglob("*")
-                if p.is_file()
-            }
-        assert self.moto is not None
-        keys = self.moto.keys(self.bucket, self.prefix)
-        return {k[len(self.prefix) :]: size for k, size in keys.items()}
-
-    def read(self, key: str) -> bytes:
-        if self.root is not None:
-            return (self.root / key).read_bytes()
-        assert self.moto is not None
-        return self.moto.get(self.bucket, self.prefix + key)
-
-
-@pytest.fixture(params=["file", "s3"])
-def objects(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Objects:
-    if request.param == "file":
-        root = tmp_path / "objects"
-        return Objects("file", {"store": "file", "path": str(root)}, root=root)
-    server: MotoServer = request.getfixturevalue("moto")
-    bucket = "fg-" + uuid.uuid4().hex[:12]
-    server.create_bucket(bucket)
-    monkeypatch.setenv(KEY_ID_ENV, "testing")
-    monkeypatch.setenv(SECRET_ENV, "testing")
-    section = {
-        "store": "s3",
-        "bucket": bucket,
-        "prefix": "outputs/",
-        "endpoint": server.endpoint,
-        "allow_http": True,
-        "access_key_id_env": KEY_ID_ENV,
-        "secret_access_key_env": SECRET_ENV,
-    }
-    return Objects("s3", section, moto=server, bucket=bucket, prefix="outputs/")
-
-
-@pytest.fixture
-async def ogw(make_gateway: Any, objects: Objects) -> Any:
-    """A gateway whose outputs go to ``objects``; the sweeper runs only when a test says."""
-    return await make_gateway(
-        outputs={**objects.section, "sweep_interval_seconds": 0, "max_bytes": 1024 * 1024}
-    )
-
-
-async def register(gw: Any, job: str = JOB) -> int:
-    resp = await gw.register(job)
-    assert resp.status == 201, await resp.text()
-    return int((await resp.json())["generation"])
-
-
-async def put(
-    gw: Any, token: int, data: Any, *, name: str = "report", job: str = JOB, **headers: str
-) -> aiohttp.ClientResponse:
-    h = {**gw.headers, "Fencing-Token": str(token), **headers}
-    if isinstance(data, bytes) and len(data) > 512 * 1024:
-        data = io.BytesIO(data)  # aiohttp warns about large raw bytes (its Content-Length stays)
-    resp: aiohttp.ClientResponse = await gw.client.put(
-        f"/v1/jobs/{job}/outputs/{name}", data=data, headers=h
-    )
-    return resp
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-async def metric(gw: Any, line_start: str) -> float:
-    text = await (await gw.client.get("/metrics")).text()
-    for line in text.splitlines():
-        if line.startswith(line_start + " "):
-            return float(line.split()[-1])
-    return 0.0
-
+from tests.integration.conftest import JOB, Objects, metric, put, register, sha, write_config
 
 # -- the happy path and reads --------------------------------------------------------
 
@@ -289,6 +183,35 @@ async def test_sweeper_fails_closed_on_a_wiped_redis(
     with pytest.raises(Exception, match="durability marker"):
         await sweep(ogw.app[OUTPUTS], grace_seconds=0)
     assert list(objects.stored()) == [f"default/{JOB}/g1/report"]
+
+
+async def test_cli_sweep_dry_run_then_for_real(
+    ogw: Any, objects: Objects, redis_url: str, tmp_path: Path
+) -> None:
+    a = await register(ogw)
+    assert (await put(ogw, a, b"stale after the takeover")).status == 201
+    await register(ogw)
+    cfg = write_config(tmp_path, redis_url, objects)
+    key = f"default/{JOB}/g1/report"
+
+    async def run(*extra: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "outputs", "sweep", "--config", str(cfg),
+            "--grace", "0", *extra, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=dict(os.environ),
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        return out.decode()
+
+    dry = await run("--dry-run")
+    assert "WOULD DELETE  stale" in dry and key in dry, dry
+    assert "orphans: 1 (stale 1 (24 B)); would delete 1" in dry, dry
+    assert list(objects.stored()) == [key]
+    real = await run()
+    assert "DELETED" in real and key in real, real
+    assert objects.stored() == {}
+    assert "orphans: 0 (none)" in await run()
 
 
 # -- bad input -------------------------------------------------------------------------
