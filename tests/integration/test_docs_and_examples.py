@@ -189,3 +189,39 @@ def test_docs_link_only_inside_the_repository_or_to_public_urls() -> None:
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert not broken, broken
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_docs_site_covers_every_page_and_readme_points_into_it() -> None:
+    """mkdocs.yml's nav lists every page of docs/ (and nothing else), the README links to each
+    page, carries the architecture diagram as Mermaid, and names no file outside the tree."""
+    config = yaml.safe_load(re.sub(r"!!python/name:\S+", "null", (ROOT / "mkdocs.yml").read_text()))
+    assert config["docs_dir"] == "docs" and config["site_dir"] == "site"
+    nav = {next(iter(entry.values())) for entry in config["nav"]}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert nav == pages
+    readme = (ROOT / "README.md").read_text()
+    for page in pages - {"index.md"}:
+        assert f"](docs/{page})" in readme, page
+    assert "```mermaid\nflowchart" in readme
+    assert "site/" in (ROOT / ".gitignore").read_text().split()
+    for text in (readme, docs_text()):
+        assert "SPEC" not in text and "../shared" not in text
+
+
+def test_contract_lists_every_problem_code_with_its_status() -> None:
+    """docs/contract.md's outcome table has a row for every code the gateway can answer with,
+    at the status it is answered with (a new error class without a row fails here)."""
+    import gateway.errors as errors
+
+    contract = (ROOT / "docs" / "contract.md").read_text()
+    rows = set(re.findall(r"^\| (\d{3}) \| `([a-z_]+)` \|", contract, flags=re.M))
+    expected = {
+        (str(cls.status), cls.code)
+        for cls in vars(errors).values()
+        if isinstance(cls, type)
+        and issubclass(cls, errors.FencegateError)
+        and cls not in (errors.FencegateError, errors.Rejection, errors.GatewayUnreachable)
+    }
+    expected |= {("504", "outcome_unknown"), ("503", "too_many_connections")}
+    assert expected <= rows, expected - rows
+    assert rows <= expected, rows - expected
