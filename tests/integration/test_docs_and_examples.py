@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gateway.settings import load_settings
+from gateway.runtime.settings import load_settings
 from tests.conftest import Gateway, Upstream
 from tests.docs import docs_text
 
@@ -211,7 +211,7 @@ def test_docs_site_covers_every_page_and_readme_points_into_it() -> None:
 def test_contract_lists_every_problem_code_with_its_status() -> None:
     """docs/contract.md's outcome table has a row for every code the gateway can answer with,
     at the status it is answered with (a new error class without a row fails here)."""
-    import gateway.errors as errors
+    import gateway.core.errors as errors
 
     contract = (ROOT / "docs" / "contract.md").read_text()
     rows = set(re.findall(r"^\| (\d{3}) \| `([a-z_]+)` \|", contract, flags=re.M))

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from email.parser import Parser
@@ -179,9 +180,8 @@ def test_the_wheel_holds_every_module_script_and_data_file(built: Built) -> None
     assert "Programming Language :: Python :: 3.11" in classifiers
     assert meta["Keywords"] and "fencing token" in meta["Keywords"]
     assert "embedded" in (meta.get_all("Provides-Extra") or [])
-    assert b"fencegate = gateway.__main__:main" in entry_points or re.search(
-        rb"fencegate = gateway\.cli[\w.]*:main", entry_points
-    )
+    script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert f"fencegate = {script['fencegate']}".encode() in entry_points
 
 
 def test_the_sdist_builds_the_same_package(built: Built) -> None:
