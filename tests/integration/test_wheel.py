@@ -30,7 +30,7 @@ import aiohttp
 import pytest
 
 import gateway
-from gateway.embedded import free_port
+from gateway.store.embedded import free_port
 from tests.conftest import Upstream
 
 ROOT = Path(__file__).parents[2]
