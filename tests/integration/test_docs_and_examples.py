@@ -225,3 +225,18 @@ def test_contract_lists_every_problem_code_with_its_status() -> None:
     expected |= {("504", "outcome_unknown"), ("503", "too_many_connections")}
     assert expected <= rows, expected - rows
     assert rows <= expected, rows - expected
+
+
+async def test_example_config_command_prints_the_checked_example(tmp_path: Path) -> None:
+    """`fencegate example-config > fencegate.toml` (README) gives the repository's example,
+    and that file passes check-config; --path names the folder that holds all examples."""
+    code, out = await run(sys.executable, "-m", "gateway", "example-config")
+    assert code == 0 and out == (ROOT / "config" / "fencegate.example.toml").read_text()
+    config = tmp_path / "fencegate.toml"
+    config.write_text(out)
+    code, out = await run(sys.executable, "-m", "gateway", "check-config", str(config))
+    assert code == 0 and ": ok (" in out, out
+    code, out = await run(sys.executable, "-m", "gateway", "example-config", "--path")
+    folder = Path(out.strip())
+    assert code == 0, out
+    assert (folder / "redis.conf").read_bytes() == (ROOT / "config" / "redis.conf").read_bytes()

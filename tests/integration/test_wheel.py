@@ -214,9 +214,17 @@ def test_installed_cli_version_and_example_config(installed: Installed) -> None:
     assert not any(str(ROOT) in p for p in facts["path"] if p), facts["path"]
     example = Path(facts["example"])
     assert example.is_relative_to(installed.venv) and example.is_file()
-    check = installed.run(installed.bin("fencegate"), "check-config", str(example))
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert re.search(r": ok \(\d+ adapters, 0 keys, registration=required\)", check.stdout)
+    for config in (example, installed.home / "fencegate.toml"):
+        if not config.exists():  # the way the README says: fencegate example-config > file
+            printed = installed.run(installed.bin("fencegate"), "example-config")
+            assert printed.returncode == 0, printed.stderr
+            assert printed.stdout == (ROOT / "config" / "fencegate.example.toml").read_text()
+            config.write_text(printed.stdout)
+        check = installed.run(installed.bin("fencegate"), "check-config", str(config))
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert re.search(r": ok \(\d+ adapters, 0 keys, registration=required\)", check.stdout)
+    folder = installed.run(installed.bin("fencegate"), "example-config", "--path")
+    assert Path(folder.stdout.strip()) == example.parent, folder.stdout + folder.stderr
 
 
 async def test_installed_serve_register_and_effect(
@@ -225,9 +233,9 @@ async def test_installed_serve_register_and_effect(
     """`fencegate serve` from the venv, with the example config and the embedded Redis of the
     `embedded` extra: one registration, one effect delivered to a loopback receiver, one
     zombie refused, then SIGTERM stops it (and its Redis) cleanly."""
-    example = (
-        installed.venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    ) / "site-packages/gateway/examples/fencegate.example.toml"
+    folder = installed.run(installed.bin("fencegate"), "example-config", "--path")
+    example = Path(folder.stdout.strip()) / "fencegate.example.toml"
+    assert example.is_relative_to(installed.venv), example
     text = example.read_text()
     hook = 'url = "http://127.0.0.1:9000/hook"'
     assert text.count(hook) == 1, "the example's webhook adapter moved: update this test"
