@@ -37,8 +37,10 @@ pytest: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# the sdist and the wheel into dist/ (tests/integration/test_wheel.py installs the wheel)
+# the sdist and the wheel into dist/ (tests/integration/test_wheel.py installs the wheel);
+# a leftover fencegate.egg-info (SOURCES.txt is read back) could put stale files in the sdist
 dist: $(STAMP)
+	rm -rf build fencegate.egg-info
 	$(BIN)/python -m build --outdir dist .
 
 test: lint docs pytest
