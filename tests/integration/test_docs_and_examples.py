@@ -206,6 +206,15 @@ def test_docs_site_covers_every_page_and_readme_points_into_it() -> None:
     assert "site/" in (ROOT / ".gitignore").read_text().split()
     for text in (readme, docs_text()):
         assert "SPEC" not in text and "../shared" not in text
+    # nor does the code send a reader to a contract file that a clone does not have
+    code = [
+        p
+        for folder in ("gateway", "adapters", "tests", "benchmarks", "examples", "config")
+        for p in (ROOT / folder).rglob("*")
+        if p.suffix in {".py", ".lua", ".toml", ".conf", ".sh"} and p != Path(__file__)
+    ]
+    outside = [p for p in code if re.search(r"\bSPEC\b|\.\./shared", p.read_text())]
+    assert not outside, outside
 
 
 def test_contract_lists_every_problem_code_with_its_status() -> None:
