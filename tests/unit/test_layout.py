@@ -60,3 +60,26 @@ def test_the_sdk_imports_without_the_servers_dependencies() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert sdk.stdout.strip() == "False", sdk.stderr
+
+
+def test_public_import_paths_keep_working() -> None:
+    """What users import: the SDK, target-side fencing, the adapter base, the entry point group."""
+    from importlib.metadata import entry_points
+
+    import adapters.base as base
+    import adapters.registry as registry
+    import gateway.client as sdk
+    import gateway.downstream as downstream
+
+    for name in ("Scheduler", "FencedJob", "SyncScheduler", "SyncFencedJob", "StaleGeneration"):
+        assert name in sdk.__all__ and hasattr(sdk, name)
+    for name in ("MemoryFenceKeeper", "RedisFenceKeeper", "fencing_middleware"):
+        assert hasattr(downstream, name)
+    for name in ("Adapter", "EffectRequest", "Delivered", "NotDelivered", "Unknown", "Failed"):
+        assert hasattr(base, name)
+    assert sdk.StaleGeneration is __import__("gateway.core.errors").core.errors.StaleGeneration
+    scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
+    assert scripts.get("fencegate") == "gateway.cli.main:main"
+    # third-party adapters register here (exercised with a real dist-info in
+    # tests/integration/test_downstream_and_registry.py)
+    assert registry.ENTRY_POINT_GROUP == "fencegate.adapters"
