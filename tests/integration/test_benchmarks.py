@@ -48,6 +48,8 @@ def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
         "G5 checkpoint write",
         "G3 effect, stale 409",
         "G1 at 1 connection",
+        "O1 output 1 MiB upload + completion",
+        "L6 bare aiohttp 1 MiB PUT to a file + JSON POST",
         "G1 effect, accepted (--workers 2)",
     ]
     for name, r in rows.items():
@@ -61,6 +63,7 @@ def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
         "G2/L4 (the gateway's replay over the stripped one), L4/L2, L5/L2",
         "G1 p99/p50 at saturation",
         "G5/L1 (a fenced checkpoint end to end over its raw EVALSHA), G5/L2",
+        "O1/L6 (1 MiB output upload + completion over the bare aiohttp file write)",
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)",
     }
     assert all(float(x) > 0 for x in record["derived"]["G1/L2, G2/L2, G3/L2"].split(", "))
