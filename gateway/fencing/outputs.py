@@ -179,9 +179,15 @@ class OutputService:
         limit = self.settings.max_bytes
         if content_length is not None and content_length > limit:
             raise PayloadTooLarge(f"an output may be at most {limit} bytes")
+        seconds = self.settings.upload_timeout_seconds
+        # The claim in Redis runs from the stage script; this put's cut-off runs from
+        # before the script was sent, less a margin for the store's commit, so it ends
+        # before the claim does even when the stage's reply is late: a retry of the same
+        # generation (allowed once the claim ended) never races this put on the key.
+        cutoff = asyncio.get_running_loop().time() + seconds - min(seconds / 10, 30.0)
         upload, key, _ = await self._stage(
             keys, gen, name, worker_id, presigned=False, content_type=content_type,
-            seconds=self.settings.upload_timeout_seconds,
+            seconds=seconds,
         )  # fmt: skip
         digest = hashlib.sha256()
         total = 0
@@ -198,7 +204,7 @@ class OutputService:
                 raise _LengthMismatch
 
         try:
-            async with asyncio.timeout(self.settings.upload_timeout_seconds):
+            async with asyncio.timeout_at(cutoff):
                 info = await self.objects.put_stream(key, hashed(), content_type)
         except BaseException as exc:
             await self._abandon(keys, gen, name, upload)
