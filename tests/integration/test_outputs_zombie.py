@@ -122,11 +122,19 @@ def _partials(objects: Objects) -> list[str]:
 
 
 async def test_a_gateway_killed_mid_upload_leaves_nothing_unswept_and_uncounted(
-    ogw: Any, objects: Objects, redis_url: str, tmp_path: Path
+    ogw: Any, objects: Objects, redis_url: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A `fencegate serve` SIGKILLed while a body streams to the store (the put is neither
     finished nor abandoned): whatever the store keeps of it must be found by the sweeper —
-    deleted once its generation is stale, or counted — never left invisible."""
+    deleted once its generation is stale, or counted — never left invisible.
+
+    S3: the parts of the unfinished multipart upload stay in the bucket (billed) and no
+    listing obstore offers shows them; docs/outputs.md asks for a bucket lifecycle rule
+    (AbortIncompleteMultipartUpload). Open: strict xfail until the sweeper can see them."""
+    if objects.kind == "s3":
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="unfinished S3 multipart uploads: not listed")
+        )
     gen = await register(ogw)
     chunk = b"x" * (1024 * 1024)
     proc, url = _serve(tmp_path, redis_url, objects, 64 * 1024 * 1024)
@@ -142,9 +150,10 @@ async def test_a_gateway_killed_mid_upload_leaves_nothing_unswept_and_uncounted(
             await _healthy(s, url)
             upload = asyncio.create_task(
                 s.put(
-                    f"{url}/v1/jobs/{JOB}/outputs/report", data=body(),
+                    f"{url}/v1/jobs/{JOB}/outputs/report",
+                    data=body(),
                     headers={"Fencing-Token": str(gen)},
-                )  # fmt: skip
+                )
             )
             for _ in range(400):  # the put is under way in the store
                 if _partials(objects):
@@ -168,3 +177,4 @@ async def test_a_gateway_killed_mid_upload_leaves_nothing_unswept_and_uncounted(
     assert all(any(k.startswith(c) for c in counted) for k in left), (
         f"left in the store, neither swept nor counted: {left} (counted: {counted})"
     )
+    assert left == [] and [o.reason for o in report.deleted] == ["stale"]
