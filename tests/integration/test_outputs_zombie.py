@@ -178,3 +178,162 @@ async def test_a_gateway_killed_mid_upload_leaves_nothing_unswept_and_uncounted(
         f"left in the store, neither swept nor counted: {left} (counted: {counted})"
     )
     assert left == [] and [o.reason for o in report.deleted] == ["stale"]
+
+
+async def _presigned_url(gw: Any, gen: int, name: str = "report") -> str:
+    resp = await gw.client.post(
+        f"/v1/jobs/{JOB}/outputs/{name}/upload-url", headers={"Fencing-Token": str(gen)}
+    )
+    assert resp.status == 201, await resp.text()
+    return str((await resp.json())["url"])
+
+
+async def _direct_put(url: str, data: bytes) -> int:
+    async with aiohttp.ClientSession() as s, s.put(url, data=data) as r:
+        return r.status
+
+
+@pytest.mark.parametrize("objects", ["s3"], indirect=True)  # only S3 signs URLs
+async def test_a_presigned_upload_never_recorded_is_counted_once_its_url_expired(
+    make_gateway: Any, objects: Objects
+) -> None:
+    """The worker PUTs through its signed URL and dies before completing; nobody takes
+    over. Past the URL's expiry no upload is in flight any more: the object is an orphan
+    of the current generation — counted (`unrecorded`, not deleted: a completion may
+    still record it), never silently kept."""
+    gw = await make_gateway(
+        outputs={**objects.section, "sweep_interval_seconds": 0, "upload_timeout_seconds": 1}
+    )
+    gen = await register(gw)
+    assert await _direct_put(await _presigned_url(gw, gen), b"never recorded") == 200
+    await asyncio.sleep(1.5)  # the URL expired
+    report = await sweep(gw.app[OUTPUTS], grace_seconds=0, metrics=gw.app[K.METRICS])
+    assert [(o.reason, o.deletable) for o in report.orphans] == [("unrecorded", False)], report
+    assert objects.stored() == {f"default/{JOB}/g1/report": len(b"never recorded")}
+
+
+@pytest.mark.parametrize("objects", ["s3"], indirect=True)
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a signed PUT URL is a bearer capability until it expires; after the "
+    "completion it still replaces the promoted object (reads then refuse it: 500)",
+)
+async def test_a_presigned_url_cannot_overwrite_the_promoted_object(
+    ogw: Any, objects: Objects
+) -> None:
+    gen = await register(ogw)
+    url = await _presigned_url(ogw, gen)
+    assert await _direct_put(url, b"the official bytes") == 200
+    assert (await complete(ogw, gen, ["report"])).status == 200
+    await _direct_put(url, b"rewritten after the completion")  # the URL is still valid
+    assert objects.read(f"default/{JOB}/g1/report") == b"the official bytes"
+
+
+@pytest.mark.parametrize("objects", ["s3"], indirect=True)
+async def test_a_stale_generations_signed_url_never_yields_the_official_output(
+    ogw: Any, objects: Objects
+) -> None:
+    """A (gen 1) gets a signed URL, stalls; B (gen 2) takes over, uploads and completes; A
+    wakes up and PUTs through its still valid URL, then completes: refused; the official
+    output is B's; A's object is a `completed` orphan and swept."""
+    a = await register(ogw)
+    url_a = await _presigned_url(ogw, a)
+    b = await register(ogw)
+    assert (await put(ogw, b, b"B's report")).status == 201
+    assert (await complete(ogw, b, ["report"])).status == 200
+    assert await _direct_put(url_a, b"A's late report") == 200  # the store cannot refuse it
+    late = await complete(ogw, a, ["report"])
+    assert late.status == 409 and (await late.json())["code"] == "stale_generation"
+    got = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/report")
+    assert got.status == 200 and await got.read() == b"B's report"
+    report = await sweep(ogw.app[OUTPUTS], grace_seconds=0)
+    assert [(o.key, o.reason) for o in report.deleted] == [
+        (f"default/{JOB}/g1/report", "completed")
+    ]
+    assert objects.stored() == {f"default/{JOB}/g2/report": len(b"B's report")}
+
+
+# -- the sweeper racing completions --------------------------------------------------------
+
+
+async def test_sweepers_racing_completions_never_delete_a_promoted_object(
+    ogw: Any, objects: Objects
+) -> None:
+    """Three sweepers (grace 0) loop while eight jobs' B generations complete: whatever a
+    sweeper read before a completion, it never deletes what the completion promoted."""
+    jobs = [f"race-{i}" for i in range(8)]
+    for job in jobs:
+        a = await register(ogw, job)
+        assert (await put(ogw, a, b"A " + job.encode(), job=job)).status == 201
+        b = await register(ogw, job)
+        assert (await put(ogw, b, b"B " + job.encode(), job=job)).status == 201
+    service = ogw.app[OUTPUTS]
+    stop = asyncio.Event()
+
+    async def sweeper() -> int:
+        n = 0
+        while not stop.is_set():
+            await sweep(service, grace_seconds=0)
+            n += 1
+        return n
+
+    async def completing(job: str) -> None:
+        resp = await ogw.client.post(
+            f"/v1/jobs/{job}/complete", json={"outputs": ["report"]},
+            headers={"Fencing-Token": "2"},
+        )  # fmt: skip
+        assert resp.status == 200, await resp.text()
+
+    sweepers = [asyncio.create_task(sweeper()) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    await asyncio.gather(*(completing(job) for job in jobs))
+    stop.set()
+    assert all(n > 0 for n in await asyncio.gather(*sweepers))
+    await sweep(service, grace_seconds=0)
+    for job in jobs:
+        got = await ogw.client.get(f"/v1/jobs/{job}/outputs/report")
+        assert got.status == 200, await got.text()
+        assert await got.read() == b"B " + job.encode()
+    assert sorted(objects.stored()) == sorted(f"default/{job}/g2/report" for job in jobs)
+
+
+# -- after the completion ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("registration", ["required", "implicit"])
+async def test_after_completion_no_generation_stages_or_replaces_an_output(
+    make_gateway: Any, objects: Objects, redis_sync: Any, registration: str
+) -> None:
+    gw = await make_gateway(
+        outputs={**objects.section, "sweep_interval_seconds": 0},
+        fencing={"registration": registration},
+    )
+    await register(gw)
+    assert await register(gw) == 2
+    assert (await put(gw, 2, b"official")).status == 201
+    done = await complete(gw, 2, ["report"], {"n": 1})
+    assert done.status == 200
+    job_key = f"fg:{{default/{JOB}}}:job"
+    before = redis_sync.hmget(job_key, "fence", "completed", "lease_exp", "cancelled")
+    for gen in (1, 2, 3):
+        for name in ("report", "other"):
+            resp = await put(gw, gen, b"after the completion", name=name)
+            assert resp.status == 409, (gen, name, await resp.text())
+            assert (await resp.json())["code"] in ("job_completed", "stale_generation")
+            if objects.kind == "s3":
+                signed = await gw.client.post(
+                    f"/v1/jobs/{JOB}/outputs/{name}/upload-url",
+                    headers={"Fencing-Token": str(gen)},
+                )
+                assert signed.status == 409, await signed.text()
+    after = redis_sync.hmget(job_key, "fence", "completed", "lease_exp", "cancelled")
+    assert after == before  # no fence raised, the completion untouched
+    assert objects.stored() == {f"default/{JOB}/g2/report": len(b"official")}
+    again = await complete(gw, 2, ["report"], {"n": 1})
+    assert again.status == 200 and again.headers["Idempotent-Replayed"] == "true"
+    view = await (await gw.client.get(f"/v1/jobs/{JOB}")).json()
+    assert view["completion"]["generation"] == 2
+    assert view["completion"]["outputs"]["report"]["sha256"] == sha(b"official")
+    assert [(o["generation"], o["promoted"]) for o in view["outputs"]] == [(2, True)]
+    got = await gw.client.get(f"/v1/jobs/{JOB}/outputs/report")
+    assert await got.read() == b"official"
