@@ -126,7 +126,7 @@ def classify(gen: int, name: str, info: ObjectInfo, job: _JobState, now_ms: int)
     if entry is not None and entry.key == info.key:
         if entry.state == "recorded":
             return None
-        if entry.presigned or entry.deadline_ms > now_ms:
+        if entry.deadline_ms > now_ms:
             return None  # an upload in flight (or a presigned URL still valid)
     return "unrecorded"
 
