@@ -18,11 +18,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from gateway.fencing.outputs_sweep import sweep
 from gateway.http import appkeys as K
 from gateway.http.outputs import OUTPUTS
 from gateway.store.embedded import EmbeddedRedis, free_port
+from tests.conftest import key_digest
 from tests.integration.conftest import JOB, Objects, put, register, sha, write_config
 from tests.wire import WireProxy
 
@@ -337,3 +339,91 @@ async def test_after_completion_no_generation_stages_or_replaces_an_output(
     assert [(o["generation"], o["promoted"]) for o in view["outputs"]] == [(2, True)]
     got = await gw.client.get(f"/v1/jobs/{JOB}/outputs/report")
     assert await got.read() == b"official"
+
+
+# -- the hostile tenant ----------------------------------------------------------------------
+
+TENANT_KEYS = {"a": "ad-tenant-a-0123456789abcdef", "b": "ad-tenant-b-0123456789abcdef"}
+
+
+def _bearer(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TENANT_KEYS[tenant]}"}
+
+
+async def test_tenant_b_cannot_read_replace_or_sweep_tenant_as_outputs_and_checkpoints(
+    make_gateway: Any, objects: Objects
+) -> None:
+    """Tenant B uses A's job id, every generation, crafted names and job ids: it reads
+    nothing of A's, writes nothing under A's prefix, and its completion promotes only its
+    own bytes; the sweep of B's orphans leaves A's promoted object alone."""
+    keys = [
+        {"role": "admin", "sha256": key_digest(key), "tenant": tenant}
+        for tenant, key in TENANT_KEYS.items()
+    ]
+    gw = await make_gateway(
+        outputs={**objects.section, "sweep_interval_seconds": 0}, auth={"keys": keys}
+    )
+    c = gw.client
+
+    async def call(tenant: str, method: str, path: str, **kw: Any) -> aiohttp.ClientResponse:
+        headers = {**_bearer(tenant), **kw.pop("headers", {})}
+        url = URL(str(c.make_url("")).rstrip("/") + path, encoded=True)  # as crafted, no dot
+        async with aiohttp.ClientSession() as s:  # segment removed by the client
+            resp = await s.request(method, url, headers=headers, **kw)
+            await resp.read()
+        return resp
+
+    job = f"/v1/jobs/{JOB}"
+    assert (await call("a", "POST", f"{job}/generations", json={})).status == 201
+    put_a = await call(
+        "a", "PUT", f"{job}/outputs/report", data=b"A's", headers={"Fencing-Token": "1"}
+    )
+    assert put_a.status == 201
+    ck = await call("a", "PUT", f"{job}/checkpoints/progress", json={"p": 1},
+                    headers={"Fencing-Token": "1"})  # fmt: skip
+    assert ck.status == 200
+    done = await call("a", "POST", f"{job}/complete", json={"outputs": ["report"]},
+                      headers={"Fencing-Token": "1"})  # fmt: skip
+    assert done.status == 200
+
+    # B reads A's job: nothing there in B's namespace
+    for path in (f"{job}/outputs/report", f"{job}/outputs/report?generation=1",
+                 f"{job}/checkpoints/progress"):  # fmt: skip
+        assert (await call("b", "GET", path)).status == 404, path
+    view = await (await call("b", "GET", job)).json()
+    assert view.get("completion") is None and view.get("outputs", []) == []
+    # B works on "the same" job: its own generation 1, its own key, its own completion
+    assert (await call("b", "POST", f"{job}/generations", json={})).status == 201
+    for g in ("1", "2"):
+        await call("b", "PUT", f"{job}/outputs/report", data=b"B's", headers={"Fencing-Token": g})
+    done_b = await call("b", "POST", f"{job}/complete", json={"outputs": ["report"]},
+                        headers={"Fencing-Token": "1"})  # fmt: skip
+    assert done_b.status == 200, await done_b.text()
+    assert (await done_b.json())["outputs"]["report"]["key"] == f"b/{JOB}/g1/report"
+    # crafted names and job ids: refused before anything is decided, or B's own namespace
+    crafted = [
+        f"{job}/outputs/..", f"{job}/outputs/%2e%2e", f"{job}/outputs/..%2Freport",
+        f"{job}/outputs/%2E%2E%2F%2E%2E%2Fa%2F{JOB}%2Fg1%2Freport", f"{job}/outputs/report%00",
+        f"{job}/outputs/r%C3%A9port", f"{job}/outputs/rep%CE%BFrt", f"{job}/outputs/%EF%BD%92eport",
+        f"{job}/outputs/" + "r" * 129, f"{job}/outputs/report%5C..%5C..",
+        f"/v1/jobs/..%2Fa%2F{JOB}/outputs/report", f"/v1/jobs/{JOB}%2Fg1/outputs/report",
+        f"/v1/jobs/a%2F{JOB}/outputs/report", f"/v1/jobs/{JOB}%00/outputs/report",
+    ]  # fmt: skip
+    for path in crafted:
+        for method in ("PUT", "GET"):
+            resp = await call(
+                "b", method, path, data=b"B's attack" if method == "PUT" else None,
+                headers={"Fencing-Token": "1"},
+            )  # fmt: skip
+            assert resp.status == 400, (method, path, resp.status)
+    report = await sweep(gw.app[OUTPUTS], grace_seconds=0)
+    assert all(o.key.startswith("b/") for o in report.deleted), report
+    stored = objects.stored()
+    assert stored[f"a/{JOB}/g1/report"] == 3
+    assert all(k.startswith((f"a/{JOB}/g1/", f"b/{JOB}/g1/")) for k in stored), stored
+    if objects.root is not None:  # nothing written outside the store's directory
+        assert sorted(p.name for p in objects.root.parent.iterdir()) == ["objects", "state"]
+    got = await call("a", "GET", f"{job}/outputs/report")
+    assert got.status == 200 and await got.read() == b"A's"
+    ck_a = await (await call("a", "GET", f"{job}/checkpoints/progress")).json()
+    assert (ck_a["value"], ck_a["generation"]) == ({"p": 1}, 1)
