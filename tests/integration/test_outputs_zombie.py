@@ -427,3 +427,28 @@ async def test_tenant_b_cannot_read_replace_or_sweep_tenant_as_outputs_and_check
     assert got.status == 200 and await got.read() == b"A's"
     ck_a = await (await call("a", "GET", f"{job}/checkpoints/progress")).json()
     assert (ck_a["value"], ck_a["generation"]) == ({"p": 1}, 1)
+
+
+@pytest.mark.parametrize("objects", ["s3"], indirect=True)
+async def test_a_redirected_read_never_sends_a_reader_to_replaced_bytes(
+    make_gateway: Any, objects: Objects
+) -> None:
+    """With `redirect_reads` the gateway answers 307 to a signed GET URL. The promoted object
+    was replaced after the completion (a signed PUT URL still valid, or anyone with bucket
+    access): a streamed read refuses it (500, `output_replaced`); the redirect must not
+    send the reader to the other bytes either."""
+    gw = await make_gateway(
+        outputs={**objects.section, "sweep_interval_seconds": 0, "redirect_reads": True}
+    )
+    gen = await register(gw)
+    url = await _presigned_url(gw, gen)
+    assert await _direct_put(url, b"the official bytes") == 200
+    assert (await complete(gw, gen, ["report"])).status == 200
+    assert await _direct_put(url, b"rewritten after the completion") == 200
+    resp = await gw.client.get(f"/v1/jobs/{JOB}/outputs/report", allow_redirects=False)
+    if resp.status == 307:
+        async with aiohttp.ClientSession() as s, s.get(resp.headers["Location"]) as got:
+            served = await got.read()
+        assert served == b"the official bytes", "redirected to bytes the completion never saw"
+    else:
+        assert resp.status == 500 and "replaced" in (await resp.json())["detail"]
