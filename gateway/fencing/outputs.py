@@ -357,6 +357,26 @@ class OutputService:
             raise NotFound(f"the object of output {entry.name!r} is not in the store (swept?)")
         return opened[2]
 
+    async def promoted_current(self, keys: JobKeys, name: str) -> OutputEntry:
+        """The promoted record of ``name`` after checking that the stored object is still the
+        recorded one (a redirect must not send a reader to bytes the completion never saw);
+        sign its URL with :meth:`read_url`. The URL stays a window: a replacement after this
+        check is served until it expires."""
+        entry = await self.promoted(keys, name)
+        try:
+            info = await self.objects.head(entry.key)
+        except ObjectStoreError as exc:
+            raise ObjectStoreUnavailable(str(exc)) from exc
+        if info is None:
+            raise NotFound(f"the object of output {name!r} is not in the store (swept?)")
+        if entry.etag and info.etag != entry.etag:
+            log.error("output_replaced", key=entry.key, detail="etag differs before a redirect")
+            raise InternalError(
+                "the object of this output was replaced in the store after it was recorded "
+                "(its etag differs): refusing to serve it"
+            )
+        return entry
+
     async def read_url(self, entry: OutputEntry, seconds: float) -> str:
         try:
             return await self.objects.sign("GET", entry.key, seconds)
