@@ -452,3 +452,58 @@ async def test_a_redirected_read_never_sends_a_reader_to_replaced_bytes(
         assert served == b"the official bytes", "redirected to bytes the completion never saw"
     else:
         assert resp.status == 500 and "replaced" in (await resp.json())["detail"]
+
+
+# -- lost and late replies ---------------------------------------------------------------------
+
+
+async def test_an_unanswered_stage_does_not_lock_the_output_for_the_upload_timeout(
+    make_gateway: Any, objects: Objects, proxy: WireProxy
+) -> None:
+    """The stage script ran but its reply never came in time (503, nothing was written to
+    the store). The worker sends the upload again once Redis answers: it must be able to
+    upload, not be told `output_in_progress` for `upload_timeout_seconds` (an hour by
+    default) by a claim nobody holds."""
+    gw = await make_gateway(
+        redis={"url": proxy.url, "timeout_seconds": 0.4},
+        outputs={**objects.section, "sweep_interval_seconds": 0},
+    )
+    gen = await register(gw)
+    proxy.on_reply_to(b"/g1/report", "hold", seconds=1.5)
+    first = await put(gw, gen, b"the first try")
+    assert first.status == 503, await first.text()
+    assert objects.stored() == {}
+    await asyncio.sleep(1.6)  # Redis answers again
+    again = await put(gw, gen, b"the second try")
+    assert again.status == 201, await again.text()
+    assert (await complete(gw, gen, ["report"])).status == 200
+
+
+async def test_a_zombies_checkpoint_resent_after_the_fence_moved_is_refused(
+    make_gateway: Any, proxy: WireProxy, redis_url: str
+) -> None:
+    """A (gen 1) writes a checkpoint; Redis's reply is late past the timeout (503: it may
+    have been written). B takes over and writes its own. A sends its checkpoint again:
+    refused (stale, audited), B's value stands, and B's reader sees B's generation."""
+    zombie = await make_gateway(redis={"url": proxy.url, "timeout_seconds": 0.4})
+    direct = await make_gateway()
+    await register(direct)
+    proxy.on_reply_to(b"zz-a-progress", "hold", seconds=1.5)
+    path = f"/v1/jobs/{JOB}/checkpoints/progress"
+    headers = {"Fencing-Token": "1", "Content-Type": "application/json"}
+    first = await zombie.client.put(path, data=b'{"page":"zz-a-progress"}', headers=headers)
+    assert first.status in (200, 503), await first.text()
+    assert await register(direct) == 2
+    b = await direct.client.put(
+        path, data=b'{"page":"B"}', headers={**headers, "Fencing-Token": "2"}
+    )
+    assert b.status == 200
+    await asyncio.sleep(1.6)
+    again = await zombie.client.put(path, data=b'{"page":"zz-a-progress"}', headers=headers)
+    assert again.status == 409 and (await again.json())["code"] == "stale_generation"
+    got = await (await direct.client.get(path)).json()
+    assert (got["value"], got["generation"]) == ({"page": "B"}, 2)
+    audit = await direct.audit(job=JOB)
+    assert [(e["step"], e["reason"]) for e in audit] == [
+        ("checkpoint:progress", "stale_generation")
+    ]
