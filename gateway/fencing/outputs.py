@@ -99,6 +99,7 @@ class OutputService:
         self.settings = settings
         self._registration = registration
         self._retention = str(retention_seconds)
+        self._background: set[asyncio.Task[None]] = set()  # claims ended after a lost reply
 
     # -- the fenced scripts -------------------------------------------------------
 
@@ -116,14 +117,19 @@ class OutputService:
         """The stage decision; ``(upload id, key, deadline ms)`` or the typed refusal."""
         key = output_key(keys.tenant, keys.job_id, gen, name)
         upload = secrets.token_hex(8)
-        reply = await self.store.script(
-            "output-stage-3",
-            keys,
-            (keys.job, keys.outputs, keys.audit),
-            (str(gen), self._registration, name, key, upload, str(int(seconds * 1000)),
-             "1" if presigned else "0", keys.job_id, keys.tenant, worker_id, self._retention,
-             content_type),
-        )  # fmt: skip
+        try:
+            reply = await self.store.script(
+                "output-stage-3",
+                keys,
+                (keys.job, keys.outputs, keys.audit),
+                (str(gen), self._registration, name, key, upload, str(int(seconds * 1000)),
+                 "1" if presigned else "0", keys.job_id, keys.tenant, worker_id,
+                 self._retention, content_type),
+            )  # fmt: skip
+        except StoreUnavailable:
+            if not presigned:  # it may have run: its claim would lock the output until then
+                self._abandon_soon(keys, gen, name, upload)
+            raise
         code = int(reply[0])
         if code == 9:
             raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
@@ -154,6 +160,29 @@ class OutputService:
         if code == 1:
             return None
         return OutputEntry.parse(f"{gen}/{name}", str(reply[1]))
+
+    def _abandon_soon(self, keys: JobKeys, gen: int, name: str, upload: str) -> None:
+        """A stage or record whose reply never came may have run: end that upload's claim
+        as soon as Redis answers (a no-op once it is recorded or replaced), so the worker's
+        retry is not told ``output_in_progress`` until the claim's deadline by a claim
+        nobody holds. In the background: the request has its 503 already."""
+
+        async def attempts() -> None:
+            for delay in (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+                await asyncio.sleep(delay)
+                try:
+                    await self._record(keys, gen, name, upload, "", abandon=True)
+                    return
+                except StoreUnavailable:
+                    continue
+                except Exception as exc:  # the claim still ends at its deadline
+                    log.warning("output_abandon_failed", job_id=keys.job_id, error=str(exc))
+                    return
+            log.warning("output_abandon_gave_up", job_id=keys.job_id, name=name)
+
+        task = asyncio.get_running_loop().create_task(attempts())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _abandon(self, keys: JobKeys, gen: int, name: str, upload: str) -> None:
         """Best effort: a failed upload frees its claim at once, not at its deadline."""
@@ -220,10 +249,14 @@ class OutputService:
                 raise ObjectStoreUnavailable(str(exc)) from exc
             raise
         self._crash("after_output_write")  # the object is written, not recorded
-        entry = await self._record(
-            keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
-            content_type=content_type, etag=info.etag,
-        )  # fmt: skip
+        try:
+            entry = await self._record(
+                keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
+                content_type=content_type, etag=info.etag,
+            )  # fmt: skip
+        except StoreUnavailable:
+            self._abandon_soon(keys, gen, name, upload)  # a no-op if the record ran
+            raise
         if entry is None:
             raise OutputInProgress(
                 f"a later upload of {name!r} by generation {gen} replaced this one"
@@ -253,43 +286,11 @@ class OutputService:
     async def ensure_recorded(
         self, tenant: str, job: str, generation: int, names: Sequence[str]
     ) -> list[str]:
-        """Record the presigned uploads of ``generation`` among ``names`` (module docstring)."""
-        keys = JobKeys(tenant, job)
-        fence, cancelled, completed = await _redis(
-            self.store.client.hmget(keys.job, "fence", "cancelled", "completed")
-        )
-        if cancelled or completed or fence is None or int(fence) != generation:
-            return []  # the completion script refuses it (and audits) by itself
-        done: list[str] = []
-        for name in names:
-            entry = await self.entry(keys, generation, name)
-            if entry is None or entry.state != "staged" or not entry.presigned:
-                continue
-            try:
-                opened = await self.objects.open(entry.key)
-                if opened is None:
-                    continue
-                info, ctype, chunks = opened
-                digest, size = hashlib.sha256(), 0
-                async for chunk in chunks:
-                    digest.update(chunk)
-                    size += len(chunk)
-            except ObjectStoreError as exc:
-                raise ObjectStoreUnavailable(str(exc)) from exc
-            try:
-                recorded = await self._record(
-                    keys, generation, name, entry.upload, entry.worker_id, size=size,
-                    sha256=digest.hexdigest(), content_type=ctype or entry.content_type,
-                    etag=info.etag,
-                )  # fmt: skip
-            except (StoreUnavailable, InternalError):
-                raise
-            except Exception as exc:  # refused by the fence: completion decides
-                log.info("output_record_refused", job_id=job, name=name, reason=str(exc))
-                continue
-            if recorded is not None:
-                done.append(name)
-        return done
+        """Record the presigned uploads of ``generation`` among ``names`` (module docstring;
+        :func:`gateway.fencing.outputs_presigned.record_presigned`)."""
+        from gateway.fencing.outputs_presigned import record_presigned
+
+        return await record_presigned(self, tenant, job, generation, names)
 
     # -- reads ---------------------------------------------------------------------
 
