@@ -119,7 +119,8 @@ def i_honest(c: Ctx) -> str | None:
 
 
 def i_audit(c: Ctx) -> str | None:
-    """Exactly one audit entry per rejecting call (and per operator resolution): a re-sent
+    """Exactly one audit entry per rejecting call (and per operator resolution and new
+    registration): a re-sent
     call counts once."""
     n = len(c.raw["audit"])
     if n != c.audit_expected:
