@@ -120,8 +120,7 @@ def i_honest(c: Ctx) -> str | None:
 
 def i_audit(c: Ctx) -> str | None:
     """Exactly one audit entry per rejecting call (and per operator resolution and new
-    registration): a re-sent
-    call counts once."""
+    registration): a re-sent call counts once."""
     n = len(c.raw["audit"])
     if n != c.audit_expected:
         return f"the job's audit stream has {n} entries for {c.audit_expected} audited calls"
