@@ -97,6 +97,9 @@ _DETAILS = {
     "bad_token": "the fencing token is not valid",
 }
 
+# admit-5's replies that end with the id of an implicit registration's audit entry (by length)
+_REGISTERED_LAST = {0: 7, 2: 3, 4: 3}
+
 
 class Store(RelayQueue, StoreReads):
     """Fences, effects and audit entries in Redis; every decision is one Lua script."""
@@ -302,7 +305,7 @@ class Store(RelayQueue, StoreReads):
             request_id=dispatch_id,
         )
         code = int(reply[0])
-        if len(reply) == {0: 7, 2: 3, 4: 3}.get(code) and reply[-1]:  # implicit registration
+        if len(reply) == _REGISTERED_LAST.get(code) and reply[-1]:  # implicit registration
             note_audit(self.audit_touched, keys, str(reply[-1]))
         if code == 0:
             if reply[5]:
