@@ -152,6 +152,7 @@ class AuditEntryOut(BaseModel):
     current: int | None
     worker_id: str | None
     adapter: str | None
+    by: str | None = None  # an operator resolution: the key's name, else its role
 
 
 class AuditPageOut(BaseModel):

@@ -221,6 +221,7 @@ async def audit_rejections(request: web.Request) -> web.Response:
             current=e.current,
             worker_id=e.worker_id,
             adapter=e.adapter,
+            by=e.by,
         )
         for e in entries
     ]

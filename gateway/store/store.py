@@ -248,6 +248,7 @@ class Store(RelayQueue, StoreReads):
             step=step,
             reason=f"operator_resolved_{outcome}",
             worker_id=operator,
+            by=by or operator,
         )
         await self.needs.unhint(keys, step)
         record = await self.effect(keys, step)

@@ -118,6 +118,12 @@ async def test_unknown_step_is_listed_and_leaves_when_resolved_by_a_named_key(
     entry = (await store(gw).history(JobKeys("a", "r")))[-1]
     assert entry["reason"] == "operator_resolved_delivered" and entry["by"] == "alice@example.com"
     assert entry["worker_id"] == "operator:auditor"
+    # and in the listings: the tenant feed's copy and the job's own stream
+    for query in ({}, {"job": "r"}):
+        resp = await gw.client.get("/v1/audit/rejections", params=query, headers=as_("alice"))
+        [listed] = (await resp.json())["items"]
+        assert listed["reason"] == "operator_resolved_delivered"
+        assert listed["by"] == "alice@example.com", query
     check = await store(gw).verify_audit()
     assert check.broken == [] and check.entries == 2  # the registration and the resolution
 
