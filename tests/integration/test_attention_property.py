@@ -126,7 +126,9 @@ async def test_index_follows_every_verdict_and_the_listing_after_a_reconcile(
             await store.void(keys, step, held[step])
         elif kind == "resolve":
             with contextlib.suppress(EffectNotUnknown, NotFound):
-                await store.resolve(keys, step, delivered=op[2], result=None, operator="op")
+                await store.resolve(
+                    keys, step, delivered=op[2], result=None, operator="op", by="op"
+                )
         elif kind == "wait":
             await asyncio.sleep(DISPATCH_MS * 1.5 / 1000)
         elif kind == "drop_hints":
