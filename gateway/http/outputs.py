@@ -111,9 +111,7 @@ def _body_chunks(request: web.Request, idle: float) -> AsyncIterator[bytes]:
                     chunk = await request.content.readany()
             except TimeoutError:
                 raise RequestTimeout(f"no byte of the body arrived for {idle:g} s") from None
-            except (ConnectionError, OSError, ValueError) as exc:  # pragma: no cover
-                raise InvalidRequest(f"the body broke off: {type(exc).__name__}") from None
-            except Exception as exc:  # aiohttp's payload errors: the client went away
+            except Exception as exc:  # aiohttp's payload errors, a reset: the client went away
                 raise InvalidRequest(f"the body broke off: {type(exc).__name__}") from None
             if not chunk:
                 return
