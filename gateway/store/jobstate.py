@@ -5,7 +5,7 @@ Every write is one Lua script in the job's slot, through the prelude
 (:meth:`gateway.store.base.StoreBase._run`): ``checkpoint-3`` and ``complete-3``. A rejection
 comes back audited and typed like an effect's (:meth:`gateway.store.store.Store._rejected`).
 
-The records (SPEC-style, shared with the outputs module):
+The records (shared with the outputs module; docs/reliability.md has their invariants):
 
 - ``fg:{t/j}:ckpt`` field ``<name>`` → ``{"generation", "value", "worker", "at_ms"}``
 - ``fg:{t/j}:outputs`` field ``<generation>/<name>`` → ``{"state": "staged" | "recorded",

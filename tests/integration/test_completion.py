@@ -317,3 +317,23 @@ async def test_thirty_racing_completions_from_two_generations_complete_once(
         else:
             allowed = {"stale_generation", "unregistered_generation", "job_completed"}
             assert {c for _, c in refusals} <= allowed and {s for s, _ in refusals} <= {409}
+
+
+async def test_implicit_mode_a_checkpoint_raises_the_fence_like_an_effect(
+    make_gateway: Any, redis_sync: Any
+) -> None:
+    gw: Gateway = await make_gateway(fencing={"registration": "implicit"})
+    assert (await put_checkpoint(gw, "c", {"n": 1}, 5)).status == 200
+    assert redis_sync.hmget(JOB.job, "fence", "lease_exp") == ["5", "0"]
+    resp = await put_checkpoint(gw, "c", {"n": 0}, 4, worker="old")
+    assert await code(resp) == (409, "stale_generation")
+    assert json.loads(redis_sync.hget(JOB.ckpt, "c"))["value"] == {"n": 1}
+    assert (await put_checkpoint(gw, "c", {"n": 2}, 6)).status == 200
+    assert redis_sync.hget(JOB.job, "fence") == "6"
+    entry = (await gw.audit(job="r"))[0]
+    assert (entry["step"], entry["presented"], entry["current"], entry["worker_id"]) == (
+        "checkpoint:c",
+        4,
+        5,
+        "old",
+    )

@@ -128,3 +128,23 @@ async def test_a_wiped_redis_fails_closed_for_checkpoints_and_completion(
     assert await code(await put_checkpoint(gw, "c", 1, 1)) == (503, "store_unavailable")
     assert await code(await complete(gw, 1)) == (503, "store_unavailable")
     assert redis_sync.dbsize() == 0, "a refused call must write nothing"
+
+
+async def test_a_completion_redis_never_answers_is_503_and_sending_it_again_replays(
+    make_gateway: Any, proxy: WireProxy, redis_sync: Any
+) -> None:
+    """Both the call and its re-send (same request id) get no answer in time: 503, "it may
+    have been recorded". The script did run: the same completion sent again replays it, and
+    another body is refused."""
+    gw: Gateway = await make_gateway(redis={"url": proxy.url, "timeout_seconds": 0.4})
+    await gw.register("r", generation=1)
+    first = proxy.on_reply_to(b"zz-unanswered", "hold", seconds=1.5)
+    second = proxy.on_reply_to(b"zz-unanswered", "hold", seconds=1.5)
+    resp = await complete(gw, 1, result="zz-unanswered")
+    assert await code(resp) == (503, "store_unavailable")
+    assert "may have been recorded" in (await resp.json())["detail"]
+    assert first.fired.is_set() and second.fired.is_set()
+    assert json.loads(redis_sync.hget(JOB.job, "completed"))["result"] == "zz-unanswered"
+    again = await complete(gw, 1, result="zz-unanswered")
+    assert again.status == 200 and (await again.json())["replayed"] is True
+    assert await code(await complete(gw, 1, result="other")) == (409, "job_completed")

@@ -5,6 +5,7 @@ the official report is B's; A's object is an orphan until the sweeper deletes it
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,30 @@ async def test_a_presigned_upload_is_recorded_and_promoted_by_the_completion(
         await ogw.app[OUTPUTS].store.client.hget(JobKeys("default", JOB).outputs, "1/big")
     )
     assert entry["state"] == "recorded" and entry["presigned"] is True
+
+
+@pytest.mark.parametrize("objects", ["file"], indirect=True)
+async def test_sync_sdk_uploads_a_file_object_and_completes(
+    ogw: Any, objects: Objects, tmp_path: Path
+) -> None:
+    from gateway.client import SyncFencedJob, SyncScheduler
+
+    url = base(ogw)
+    data = bytes(range(256)) * 4096  # 1 MiB, streamed from an open file
+    path = tmp_path / "frames.bin"
+    path.write_bytes(data)
+
+    def worker() -> tuple[int, str, str]:
+        with SyncScheduler(url) as sched:
+            gen = sched.register(JOB)
+            with (
+                SyncFencedJob(url, JOB, gen.token, heartbeat_interval=None) as job,
+                path.open("rb") as fh,
+            ):
+                up = job.put_output("frames", fh)
+                done = job.complete(outputs=["frames"])
+                return up.size, up.sha256, done.outputs["frames"]["sha256"]
+
+    size, digest, promoted = await asyncio.to_thread(worker)
+    assert (size, digest, promoted) == (len(data), sha(data), sha(data))
+    assert objects.read(f"default/{JOB}/g1/frames") == data
