@@ -113,8 +113,10 @@ class OutputService:
         presigned: bool,
         content_type: str,
         seconds: float,
+        by: str = "",
     ) -> tuple[str, str, int]:
-        """The stage decision; ``(upload id, key, deadline ms)`` or the typed refusal."""
+        """The stage decision; ``(upload id, key, deadline ms)`` or the typed refusal. ``by``:
+        who calls, recorded with an implicit registration."""
         key = output_key(keys.tenant, keys.job_id, gen, name)
         upload = secrets.token_hex(8)
         try:
@@ -124,7 +126,7 @@ class OutputService:
                 (keys.job, keys.outputs, keys.audit),
                 (str(gen), self._registration, name, key, upload, str(int(seconds * 1000)),
                  "1" if presigned else "0", keys.job_id, keys.tenant, worker_id,
-                 self._retention, content_type),
+                 self._retention, content_type, by),
             )  # fmt: skip
         except StoreUnavailable:
             if not presigned:  # it may have run: its claim would lock the output until then
@@ -203,6 +205,7 @@ class OutputService:
         content_type: str,
         content_length: int | None,
         worker_id: str = "",
+        by: str = "",
     ) -> OutputEntry:
         """Stage, stream ``body`` to the attempt-scoped key (hashing it), record."""
         limit = self.settings.max_bytes
@@ -216,7 +219,7 @@ class OutputService:
         cutoff = asyncio.get_running_loop().time() + seconds - min(seconds / 10, 30.0)
         upload, key, _ = await self._stage(
             keys, gen, name, worker_id, presigned=False, content_type=content_type,
-            seconds=seconds,
+            seconds=seconds, by=by,
         )  # fmt: skip
         digest = hashlib.sha256()
         total = 0
@@ -234,7 +237,7 @@ class OutputService:
 
         try:
             async with asyncio.timeout_at(cutoff):
-                info = await self.objects.put_stream(key, hashed(), content_type)
+                etag = await self.objects.put_stream(key, hashed(), content_type)
         except BaseException as exc:
             await self._abandon(keys, gen, name, upload)
             if isinstance(exc, _TooLarge):
@@ -252,7 +255,7 @@ class OutputService:
         try:
             entry = await self._record(
                 keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
-                content_type=content_type, etag=info.etag,
+                content_type=content_type, etag=etag,
             )  # fmt: skip
         except StoreUnavailable:
             self._abandon_soon(keys, gen, name, upload)  # a no-op if the record ran
@@ -264,8 +267,9 @@ class OutputService:
         return entry
 
     async def upload_url(
-        self, keys: JobKeys, gen: int, name: str, *, content_type: str, worker_id: str = ""
-    ) -> tuple[str, str, int]:
+        self, keys: JobKeys, gen: int, name: str, *, content_type: str, worker_id: str = "",
+        by: str = "",
+    ) -> tuple[str, str, int]:  # fmt: skip
         """The same stage decision, then a pre-signed PUT URL: ``(url, key, expires ms)``."""
         if not self.objects.can_sign:
             raise UploadUrlUnsupported(
@@ -275,7 +279,7 @@ class OutputService:
         seconds = min(self.settings.upload_timeout_seconds, 7 * 86_400)
         _, key, deadline = await self._stage(
             keys, gen, name, worker_id, presigned=True, content_type=content_type,
-            seconds=seconds,
+            seconds=seconds, by=by,
         )  # fmt: skip
         try:
             url = await self.objects.sign("PUT", key, seconds)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import structlog
 from redis.exceptions import RedisError
 
-from gateway.core.errors import InternalError, ObjectStoreUnavailable, StoreUnavailable
+from gateway.core.errors import ObjectStoreUnavailable, Rejection, StoreUnavailable
 from gateway.objects import ObjectStoreError
 from gateway.store.keys import JobKeys
 
@@ -63,9 +63,7 @@ async def record_presigned(
                 sha256=digest.hexdigest(), content_type=ctype or entry.content_type,
                 etag=info.etag,
             )  # fmt: skip
-        except (StoreUnavailable, InternalError):
-            raise
-        except Exception as exc:  # refused by the fence: completion decides
+        except Rejection as exc:  # refused by the fence: the completion script decides
             log.info("output_record_refused", job_id=job, name=name, reason=str(exc))
             continue
         if recorded is not None:

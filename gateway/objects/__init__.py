@@ -13,6 +13,7 @@ from gateway.objects.store import (
     build_object_store,
     output_key,
     parse_output_key,
+    runtime_started,
     staged_key,
     valid_output_name,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "build_object_store",
     "output_key",
     "parse_output_key",
+    "runtime_started",
     "staged_key",
     "valid_output_name",
 ]

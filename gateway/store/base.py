@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from gateway.core.errors import StoreUnavailable
 from gateway.store import durability, scripts, statefile
 from gateway.store.anchors import note_audit
+from gateway.store.attention import NeedsIndex
 from gateway.store.batching import Batcher, NotSent
 from gateway.store.keys import (
     MARKER,
@@ -78,6 +79,7 @@ class StoreBase:
             for name, src in self._sources.items()
         }
         self._batcher = Batcher(client)
+        self.needs = NeedsIndex(self)  # the "needs a decision" index (gateway.store.attention)
 
     async def aclose(self) -> None:
         """Finish the pipelined batches in flight and close their connections."""
@@ -91,6 +93,10 @@ class StoreBase:
     @property
     def client(self) -> aioredis.Redis:
         return self._client
+
+    @property
+    def retention_ms(self) -> int:
+        return self._retention_ms
 
     # -- plumbing ------------------------------------------------------------
 
