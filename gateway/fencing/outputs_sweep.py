@@ -1,6 +1,8 @@
 """The orphan sweeper: deletes output objects that can never be promoted, counts the rest.
 
-It lists the object store (every key ``<tenant>/<job>/g<gen>/<name>`` under the prefix),
+It lists the object store (every key ``<tenant>/<job>/g<gen>/<name>`` under the prefix,
+and the local store's staging files ``<key>#<n>`` that its listing hides: a put killed
+half-way leaves one, :func:`classify_staging`),
 reads each job's fence, cancel flag, completion and outputs hash from Redis, and gives
 every object one class:
 

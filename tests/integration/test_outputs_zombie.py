@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 from yarl import URL
 
+from gateway.client import FencedJob, JobCompleted, Scheduler, StaleGeneration
 from gateway.fencing.outputs_sweep import sweep
 from gateway.http import appkeys as K
 from gateway.http.outputs import OUTPUTS
@@ -507,3 +508,65 @@ async def test_a_zombies_checkpoint_resent_after_the_fence_moved_is_refused(
     assert [(e["step"], e["reason"]) for e in audit] == [
         ("checkpoint:progress", "stale_generation")
     ]
+
+
+# -- the same generation re-uploading, and the SDK ---------------------------------------------
+
+
+async def test_a_re_upload_after_the_record_is_what_the_completion_promotes(
+    ogw: Any, objects: Objects
+) -> None:
+    """B records X, then re-uploads the same output (Y) slowly. A completion while Y streams
+    must not promote X (its bytes are being replaced on the same key): 422. Once Y is
+    recorded, the completion promotes Y's sha, and the bytes served are Y's."""
+    gen = await register(ogw)
+    x, y = b"X, the first render", b"Y, the second render" * 100
+    assert (await put(ogw, gen, x)).status == 201
+    release = asyncio.Event()
+
+    async def slow() -> AsyncIterator[bytes]:
+        yield y[:1000]
+        await release.wait()
+        yield y[1000:]
+
+    second = asyncio.create_task(put(ogw, gen, slow()))
+    await asyncio.sleep(0.3)  # staged, streaming
+    during = await complete(ogw, gen, ["report"])
+    assert during.status == 422 and (await during.json())["code"] == "output_not_staged"
+    release.set()
+    assert (await second).status == 201
+    done = await complete(ogw, gen, ["report"])
+    assert done.status == 200
+    assert (await done.json())["outputs"]["report"]["sha256"] == sha(y)
+    got = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/report")
+    assert got.status == 200 and await got.read() == y
+    assert objects.read(f"default/{JOB}/g1/report") == y
+
+
+async def test_the_sdks_stale_completion_raises_and_deletes_nothing(
+    ogw: Any, objects: Objects
+) -> None:
+    """Through the SDK: A uploads its report and stalls; B takes over, uploads and
+    completes; A's complete() raises StaleGeneration (A superseded). The SDK removed
+    nothing: A's draft stays in the store (the sweeper's to delete), B's is served."""
+    url = str(ogw.client.make_url("")).rstrip("/")
+    async with Scheduler(url) as sched:
+        a_gen = await sched.register(JOB)
+        async with FencedJob(url, JOB, a_gen.token, worker_id="A", heartbeat_interval=None) as a:
+            await a.put_output("report", b"A's draft")
+            b_gen = await sched.register(JOB)
+            async with FencedJob(url, JOB, b_gen.token, worker_id="B") as b:
+                await b.put_output("report", b"B's report")
+                await b.complete(outputs=["report"], result={"by": "B"})
+                with pytest.raises(JobCompleted):
+                    await b.put_output("report", b"B again")  # after completion: refused
+            with pytest.raises(StaleGeneration) as err:
+                await a.complete(outputs=["report"], result={"by": "A"})
+            assert (err.value.presented, err.value.current) == (1, 2)
+            assert isinstance(a.superseded, StaleGeneration)
+    assert objects.stored() == {
+        f"default/{JOB}/g1/report": len(b"A's draft"),
+        f"default/{JOB}/g2/report": len(b"B's report"),
+    }
+    got = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/report")
+    assert await got.read() == b"B's report"
