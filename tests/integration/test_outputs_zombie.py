@@ -8,6 +8,7 @@ Each test states one property the outputs feature promises; it fails if the hole
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -90,10 +91,13 @@ async def test_a_late_stage_reply_cannot_let_an_old_upload_overwrite_the_promote
 # -- every orphan is either swept or counted ---------------------------------------------
 
 
-def _serve(tmp_path: Path, redis_url: str, objects: Objects, max_bytes: int) -> tuple[Any, str]:
+def _serve(
+    tmp_path: Path, redis_url: str, objects: Objects, max_bytes: int, extra: str = ""
+) -> tuple[Any, str]:
+    """A `fencegate serve` process on the same Redis and object store."""
     port = free_port()
     cfg = write_config(tmp_path, redis_url, objects)
-    cfg.write_text(cfg.read_text() + f"max_bytes = {max_bytes}\n")
+    cfg.write_text(cfg.read_text() + f"max_bytes = {max_bytes}\n{extra}")
     with (tmp_path / "serve.log").open("w") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
@@ -570,3 +574,50 @@ async def test_the_sdks_stale_completion_raises_and_deletes_nothing(
     }
     got = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/report")
     assert await got.read() == b"B's report"
+
+
+async def test_a_gateway_frozen_mid_upload_cannot_overwrite_the_promoted_object(
+    ogw: Any, objects: Objects, redis_url: str, tmp_path: Path
+) -> None:
+    """A `fencegate serve` is frozen (SIGSTOP) while it streams gen 1's `report`, past the
+    upload's claim. The worker retries through another gateway: staged, recorded,
+    completed. Then the frozen gateway resumes and the rest of the old body arrives: its
+    put must be cut (its deadline passed), never land on the promoted key."""
+    gen = await register(ogw)
+    proc, url = _serve(tmp_path, redis_url, objects, 1024 * 1024, "upload_timeout_seconds = 3\n")
+    resume = asyncio.Event()
+    old, new = b"old " * 2000, b"the retry, promoted"
+
+    async def body() -> AsyncIterator[bytes]:
+        yield old[:4000]
+        await resume.wait()
+        yield old[4000:]
+
+    try:
+        async with aiohttp.ClientSession() as s:
+            await _healthy(s, url)
+            first = asyncio.create_task(
+                s.put(f"{url}/v1/jobs/{JOB}/outputs/report", data=body(),
+                      headers={"Fencing-Token": str(gen)})
+            )  # fmt: skip
+            await asyncio.sleep(0.5)  # staged, the first bytes in the store's put
+            proc.send_signal(signal.SIGSTOP)
+            await asyncio.sleep(3.5)  # the claim's deadline passes while it is frozen
+            retry = await put(ogw, gen, new)
+            assert retry.status == 201, await retry.text()
+            assert (await complete(ogw, gen, ["report"])).status == 200
+            proc.send_signal(signal.SIGCONT)
+            resume.set()
+            with contextlib.suppress(aiohttp.ClientError):
+                resp = await first
+                await resp.read()
+            await asyncio.sleep(0.5)
+    finally:
+        resume.set()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+            proc.wait(10)
+    assert objects.read(f"default/{JOB}/g1/report") == new
+    got = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/report")
+    assert got.status == 200 and await got.read() == new
