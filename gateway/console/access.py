@@ -31,14 +31,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.auth import Authenticator, Principal
-from gateway.settings import Settings
+from typing import Any, Protocol
 
-__all__ = ["COOKIE", "Session", "Sessions", "console_secret"]
+from gateway.runtime.settings import Settings
+
+__all__ = ["COOKIE", "Keys", "Session", "Sessions", "console_secret"]
 
 COOKIE = "fg_console"
 LOGIN_ROLES = ("auditor", "admin")
 _SECRET_FILE = "console.secret"
+
+
+class Keys(Protocol):
+    """The gateway's API keys (``gateway.http.auth.Authenticator``), as the console uses them."""
+
+    @property
+    def open(self) -> bool: ...
+
+    def authenticate(self, header: str | None) -> Any: ...
+
+    def entries(self) -> tuple[tuple[bytes, Any], ...]: ...
 
 
 def console_secret(settings: Settings, secret: Callable[[str, str], str]) -> bytes:
@@ -110,7 +122,7 @@ class Session:
 class Sessions:
     """Issues and checks console cookies and CSRF tokens."""
 
-    def __init__(self, secret: bytes, auth: Authenticator, ttl_seconds: int) -> None:
+    def __init__(self, secret: bytes, auth: Keys, ttl_seconds: int) -> None:
         self._secret = secret
         self._auth = auth
         self.ttl = ttl_seconds
@@ -133,7 +145,7 @@ class Sessions:
     def login(self, key: str) -> tuple[Session, str] | None:
         """A session and its cookie value for an auditor or admin key; None for any other."""
         try:
-            principal: Principal = self._auth.authenticate(f"Bearer {key}")
+            principal = self._auth.authenticate(f"Bearer {key}")
         except Exception:  # Unauthorized: unknown key (the same answer for every failure)
             return None
         if principal.role not in LOGIN_ROLES:

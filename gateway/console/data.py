@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.keys import JobKeys, audit_feed
-from gateway.settings import NAME_RE
+from gateway.store.keys import JobKeys, audit_feed
+from gateway.runtime.settings import NAME_RE
 
 __all__ = ["Filters", "Row", "feed_after", "feed_page", "feed_top", "iso", "job_entries"]
 

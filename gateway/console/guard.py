@@ -4,7 +4,7 @@ The API refuses every request a web page could make (``Origin``, ``Sec-Fetch-Sit
 form bodies). The console *is* a web page, so its routes pass these checks instead:
 
 * every header is valid UTF-8, and ``Host`` names this gateway — the very check the API
-  makes (``server.allowed_hosts``; DNS rebinding);
+  makes (its ``host_allowed``, passed in; ``server.allowed_hosts``; DNS rebinding);
 * a POST comes from this origin: ``Origin`` equals the request's own origin (or one of
   ``server.allowed_origins``), ``Sec-Fetch-Site``, when sent, is ``same-origin``, and the
   body is an urlencoded form; else 403 — a cross-site form cannot post here, with or without
@@ -14,7 +14,7 @@ form bodies). The console *is* a web page, so its routes pass these checks inste
 
 Every response of the console carries the headers of :data:`SECURITY_HEADERS`: a strict CSP
 (no inline script or style, nothing from another origin, no framing), ``nosniff``, no
-referrer. They are set when a response is prepared, so they are on streamed (SSE) responses
+referrer beyond this origin (``same-origin``: with ``no-referrer`` a browser sends ``Origin: null`` on a form post). They are set when a response is prepared, so they are on streamed (SSE) responses
 too.
 """
 
@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway import appkeys as K
-from gateway.browser import GUARD as BROWSER_GUARD
+from collections.abc import Callable, Collection
 
 __all__ = ["SECURITY_HEADERS", "Refused", "check_request", "security_headers"]
 
@@ -34,7 +33,7 @@ CSP = (
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
@@ -60,7 +59,9 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def check_request(request: web.Request) -> None:
+def check_request(
+    request: web.Request, host_allowed: Callable[[str], bool], origins: Collection[str]
+) -> None:
     """Raise :class:`Refused` unless the request may reach a console handler."""
     headers = request.headers
     for name, value in headers.items():
@@ -69,8 +70,7 @@ def check_request(request: web.Request) -> None:
     hosts = headers.getall("Host", ())
     if len(hosts) > 1:
         raise Refused(400, "more than one Host header")
-    api_guard = request.config_dict[BROWSER_GUARD]
-    if hosts and not api_guard.host_allowed(hosts[0]):
+    if hosts and not host_allowed(hosts[0]):
         raise Refused(403, "this Host is not a name of this gateway (server.allowed_hosts)")
     site = (headers.get("Sec-Fetch-Site") or "").lower()
     if request.method in _SAFE:
@@ -79,8 +79,7 @@ def check_request(request: web.Request) -> None:
         return
     origin = headers.get("Origin")
     own = f"{request.scheme}://{request.host}".lower()
-    allowed = request.config_dict[K.SETTINGS].server.allowed_origins
-    if origin is None or (origin.lower() != own and origin not in allowed):
+    if origin is None or (origin.lower() != own and origin not in origins):
         raise Refused(403, "a form of the console must be sent from the console's own origin")
     if site not in ("", "same-origin"):
         raise Refused(403, "a form of the console must be sent from the console itself")

@@ -27,7 +27,7 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 from redis.exceptions import RedisError
 
-from gateway.keys import audit_feed
+from gateway.store.keys import audit_feed
 
 __all__ = ["FeedPump", "Streams", "id_key", "open_stream"]
 

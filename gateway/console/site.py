@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp_jinja2
 import jinja2
@@ -15,15 +15,15 @@ import structlog
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from gateway import appkeys as K
-from gateway.audit_anchor import anchor_path
-from gateway.console.access import COOKIE, Session, Sessions, console_secret
+from gateway.store.anchors import anchor_path
+from gateway.console.access import COOKIE, Keys, Session, Sessions, console_secret
 from gateway.console.chain import ChainRuns
 from gateway.console.data import BadFilter, iso
 from gateway.console.guard import Refused, check_request, security_headers
 from gateway.console.live import FeedPump, Streams
-from gateway.errors import FencegateError
-from gateway.settings import Settings
+from gateway.core.errors import FencegateError
+from gateway.runtime.settings import Settings
+from gateway.store.store import Store
 
 __all__ = ["CONSOLE", "Console", "build", "session_of"]
 
@@ -42,7 +42,13 @@ class Console:
     pump: FeedPump
     streams: Streams
     audit_keys: list[str]
+    host_allowed: Callable[[str], bool]
+    store_of: Callable[[], Store]
     runs: ChainRuns | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
 
     @property
     def read_only(self) -> bool:
@@ -50,12 +56,11 @@ class Console:
 
 
 CONSOLE = web.AppKey("console", Console)
+SESSION = web.RequestKey("console_session", Session)
 
 
 def session_of(request: web.Request) -> Session:
-    session = request.get("console_session")
-    assert isinstance(session, Session)
-    return session
+    return request[SESSION]
 
 
 def _safe_next(value: str | None) -> str:
@@ -74,7 +79,11 @@ def see_other(location: str) -> web.Response:
 def render(
     request: web.Request, template: str, context: dict[str, Any], status: int = 200
 ) -> web.Response:
-    return aiohttp_jinja2.render_template(template, request, context, status=status)
+    """A page: the template with the console's common context (no context processors: they
+    keep their state under a plain string key of the request)."""
+    return aiohttp_jinja2.render_template(
+        template, request, {**_context(request), **context}, status=status
+    )
 
 
 def error_page(request: web.Request, status: int, message: str) -> web.Response:
@@ -86,17 +95,19 @@ async def console_middleware(
     request: web.Request, handler: Callable[[web.Request], Any]
 ) -> web.StreamResponse:
     console = request.app[CONSOLE]
+    if request.path == PREFIX:
+        return see_other(f"{PREFIX}/")
     try:
-        check_request(request)
+        check_request(request, console.host_allowed, console.settings.server.allowed_origins)
     except Refused as exc:
         return error_page(request, exc.status, exc.why)
     sessions = console.sessions
     if sessions.open:
-        request["console_session"] = sessions.open_session()
+        request[SESSION] = sessions.open_session()
     else:
         session = sessions.check(request.cookies.get(COOKIE))
         if session is not None:
-            request["console_session"] = session
+            request[SESSION] = session
         elif not request.path.startswith(_PUBLIC):
             if request.headers.get("Accept") == "text/event-stream":
                 return error_page(request, 401, "log in again")
@@ -120,7 +131,7 @@ async def console_middleware(
 
 async def login_form(request: web.Request) -> web.Response:
     console = request.app[CONSOLE]
-    if console.sessions.open or "console_session" in request:
+    if console.sessions.open or SESSION in request:
         return see_other(_safe_next(request.query.get("next")))
     return render(request, "login.html", {"next": _safe_next(request.query.get("next"))})
 
@@ -167,7 +178,7 @@ async def logout(request: web.Request) -> web.Response:
 
 def _context(request: web.Request) -> dict[str, Any]:
     console = request.app[CONSOLE]
-    session = request.get("console_session")
+    session = request.get(SESSION)
     return {
         "session": session,
         "csrf": console.sessions.csrf(session) if isinstance(session, Session) else "",
@@ -177,18 +188,18 @@ def _context(request: web.Request) -> dict[str, Any]:
         "iso": iso,
         "static": lambda name: request.app.router["static"].url_for(filename=name),
         "request": request,
+        "qs": lambda filters, **extra: urlencode(filters.query(**extra)),
     }
-
-
-async def _context_processor(request: web.Request) -> dict[str, Any]:
-    return _context(request)
 
 
 def build(
     settings: Settings,
-    root: web.Application,
+    *,
     secret: Callable[[str, str], str],
     audit_keys: list[str],
+    keys: Keys,
+    host_allowed: Callable[[str], bool],
+    store: Callable[[], Store],
 ) -> web.Application:
     """The console sub-application (mounted by :func:`gateway.console.mount`)."""
     from gateway.console import pages, views  # the route handlers
@@ -197,18 +208,21 @@ def build(
     console = Console(
         settings=settings,
         sessions=Sessions(
-            console_secret(settings, secret), root[K.AUTH], settings.console.cookie_ttl_seconds
+            console_secret(settings, secret), keys, settings.console.cookie_ttl_seconds
         ),
-        pump=FeedPump(lambda *a: root[K.STORE].client.execute_command(*a), settings.console.poll_seconds),
+        pump=FeedPump(
+            lambda *a: store().client.execute_command(*a), settings.console.poll_seconds
+        ),
         streams=Streams(settings.console.sse_ping_seconds),
         audit_keys=audit_keys,
+        host_allowed=host_allowed,
+        store_of=store,
     )
     app[CONSOLE] = console
     aiohttp_jinja2.setup(
         app,
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
-        context_processors=[_context_processor],
         undefined=jinja2.StrictUndefined,
     )
     app.on_response_prepare.append(security_headers)
@@ -220,13 +234,12 @@ def build(
     pages.add_routes(app)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        store = root[K.STORE]  # made by the gateway's own startup, which runs first
-        console.runs = ChainRuns(
-            store.client,
+        console.runs = ChainRuns(  # the store is made by the gateway's startup, which runs first
+            store().client,
             keys=audit_keys,
             anchor_file=anchor_path(settings),
             retention_seconds=settings.fencing.retention_seconds,
-            record=store.record_chain_check,
+            record=lambda tenant, summary: store().record_chain_check(tenant, summary),
         )
         yield
         await stop(app)

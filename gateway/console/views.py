@@ -11,7 +11,6 @@ from typing import Any
 import aiohttp_jinja2
 from aiohttp import web
 
-from gateway import appkeys as K
 from gateway.console.data import (
     REASONS,
     SCAN_CAP,
@@ -35,12 +34,12 @@ _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _call(request: web.Request) -> Any:
-    return request.config_dict[K.STORE].client.execute_command
+    return request.app[CONSOLE].store.client.execute_command
 
 
 async def overview(request: web.Request) -> web.Response:
     session = session_of(request)
-    store = request.config_dict[K.STORE]
+    store = request.app[CONSOLE].store
     now_ms = int(time.time() * 1000)
     data: dict[str, Any] = await store.overview(session.tenant, now_ms=now_ms)
     return render(request, "overview.html", {"overview": data, "now_ms": now_ms})
