@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Any, Protocol
 
 from gateway.runtime.settings import Settings
@@ -60,7 +59,9 @@ def console_secret(settings: Settings, secret: Callable[[str, str], str]) -> byt
         material.append(secret(settings.console.secret_env, "console.secret_env"))
     else:
         if settings.auth.token_signing_key_env:
-            material.append(secret(settings.auth.token_signing_key_env, "auth.token_signing_key_env"))
+            material.append(
+                secret(settings.auth.token_signing_key_env, "auth.token_signing_key_env")
+            )
         if settings.audit.key_env:
             material.append(secret(settings.audit.key_env, "audit.key_env"))
         for i, key in enumerate(settings.auth.keys):

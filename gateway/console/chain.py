@@ -21,8 +21,8 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
-from gateway.store.anchors import verify
 from gateway.core.records import chain_hash
+from gateway.store.anchors import verify
 
 __all__ = ["ChainRuns", "Run", "check_job_chain", "honest_wording"]
 

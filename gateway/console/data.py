@@ -15,10 +15,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.store.keys import JobKeys, audit_feed
 from gateway.runtime.settings import NAME_RE
+from gateway.store.keys import JobKeys, audit_feed
+from gateway.store.store import Store
 
-__all__ = ["Filters", "Row", "feed_after", "feed_page", "feed_top", "iso", "job_entries"]
+__all__ = [
+    "Filters",
+    "Row",
+    "feed_after",
+    "feed_page",
+    "feed_top",
+    "iso",
+    "job_entries",
+    "redis_call",
+]
 
 Call = Callable[..., Awaitable[Any]]
 SCAN_CAP = 5000  # feed entries looked at for one page of filtered rows
@@ -38,6 +48,15 @@ REASONS = (
     "operator_resolved_delivered",
     "operator_resolved_not_delivered",
 )
+
+
+def redis_call(store: Callable[[], Store]) -> Call:
+    """One Redis command on the gateway's own client (its pool, its timeouts): reads only."""
+
+    async def call(*args: Any) -> Any:
+        return await store().client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+    return call
 
 
 class BadFilter(ValueError):
@@ -212,7 +231,9 @@ async def feed_after(
     return [(r[0], _pairs(r[1])) for r in rows[:count]], len(rows) > count
 
 
-async def job_entries(call: Call, keys: JobKeys) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]]]:
+async def job_entries(
+    call: Call, keys: JobKeys
+) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]]]:
     """The job hash and its chained audit stream (oldest first, at most :data:`JOB_CAP`)."""
     job = await call("HGETALL", keys.job)
     rows = await call("XRANGE", keys.audit, "-", "+", "COUNT", JOB_CAP)

@@ -14,15 +14,16 @@ form bodies). The console *is* a web page, so its routes pass these checks inste
 
 Every response of the console carries the headers of :data:`SECURITY_HEADERS`: a strict CSP
 (no inline script or style, nothing from another origin, no framing), ``nosniff``, no
-referrer beyond this origin (``same-origin``: with ``no-referrer`` a browser sends ``Origin: null`` on a form post). They are set when a response is prepared, so they are on streamed (SSE) responses
-too.
+referrer beyond this origin (``same-origin``: under ``no-referrer`` a browser sends
+``Origin: null`` with a form). They are set when a response is prepared, so streamed (SSE)
+responses carry them too.
 """
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from collections.abc import Callable, Collection
+
+from aiohttp import web
 
 __all__ = ["SECURITY_HEADERS", "Refused", "check_request", "security_headers"]
 

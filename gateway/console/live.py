@@ -77,9 +77,7 @@ class FeedPump:
         if last is None:
             return
         self.reads += 1
-        rows = await self._client_call(
-            "XRANGE", audit_feed(tenant), f"({last}", "+", "COUNT", 1000
-        )
+        rows = await self._client_call("XRANGE", audit_feed(tenant), f"({last}", "+", "COUNT", 1000)
         if not rows or tenant not in self._last:
             return
         self._last[tenant] = rows[-1][0]
@@ -156,9 +154,10 @@ async def next_or_closed(queue: asyncio.Queue[Row], closed: asyncio.Future[None]
     """The queue's next row, or the end marker when the stream closed first."""
     if closed.done():
         return _END
-    get = asyncio.ensure_future(queue.get())
-    done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+    get: asyncio.Future[Any] = asyncio.ensure_future(queue.get())
+    done, _ = await asyncio.wait([get, closed], return_when=asyncio.FIRST_COMPLETED)
     if get in done:
-        return get.result()
+        row: Row = get.result()
+        return row
     get.cancel()
     return _END

@@ -11,12 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from gateway.console.chain import check_job_chain, honest_wording
-from gateway.console.data import iso, job_entries
+from gateway.console.data import iso, job_entries, redis_call
 from gateway.console.live import open_stream
 from gateway.console.site import CONSOLE, error_page, render, see_other, session_of
 from gateway.core import fastjson
 from gateway.core.errors import FencegateError
-
 from gateway.runtime.settings import NAME_RE
 from gateway.store.keys import JobKeys
 
@@ -89,7 +88,7 @@ async def job_page(request: web.Request) -> web.Response:
     keys = JobKeys(session.tenant, job)  # the session's tenant only: another's job is 404
     store = console.store
     view = await store.job(keys)
-    job_hash, rows = await job_entries(store.client.execute_command, keys)
+    job_hash, rows = await job_entries(redis_call(console.store_of), keys)
     if view is None and not rows:
         raise web.HTTPNotFound(text=f"no job {job!r} in this tenant")
     events = [_audit_event(n, entry, f) for n, (entry, f) in enumerate(rows)]
@@ -114,10 +113,18 @@ async def job_page(request: web.Request) -> web.Response:
         )
         events.append(
             Event(
-                f"s-{step}", r.updated_at_ms or r.created_at_ms, "effect", step,
-                str(r.generation), "", f"{r.adapter}.{r.operation}: {r.state}",
-                r.worker_id or "", "", _pretty(raw), len(events),
-            )  # fmt: skip
+                f"s-{step}",
+                r.updated_at_ms or r.created_at_ms,
+                "effect",
+                step,
+                str(r.generation),
+                "",
+                f"{r.adapter}.{r.operation}: {r.state}",
+                r.worker_id or "",
+                "",
+                _pretty(raw),
+                len(events),
+            )
         )
     events.sort(key=lambda e: (e.at_ms, e.order))
     problems = check_job_chain(rows, job_hash.get("audit_head"), console.audit_keys)
@@ -157,7 +164,9 @@ async def attention(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text="after: not a cursor of this page") from None
     for item in items:
         item["age"] = _age(int(item.get("age_ms") or 0))
-        item["last_error_text"] = "" if item.get("last_error") is None else _pretty(item["last_error"])
+        item["last_error_text"] = (
+            "" if item.get("last_error") is None else _pretty(item["last_error"])
+        )
     return render(
         request,
         "attention.html",
@@ -258,8 +267,8 @@ async def chain_stream(request: web.Request) -> web.StreamResponse:
             if run.done:
                 await sse.send("done", event="done")
                 break
-            waiter = asyncio.ensure_future(changed.wait())
-            await asyncio.wait({waiter, closed}, return_when=asyncio.FIRST_COMPLETED)
+            waiter: asyncio.Future[Any] = asyncio.ensure_future(changed.wait())
+            await asyncio.wait([waiter, closed], return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
     return sse
 

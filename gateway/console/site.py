@@ -15,14 +15,14 @@ import structlog
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from gateway.store.anchors import anchor_path
 from gateway.console.access import COOKIE, Keys, Session, Sessions, console_secret
 from gateway.console.chain import ChainRuns
-from gateway.console.data import BadFilter, iso
+from gateway.console.data import BadFilter, iso, redis_call
 from gateway.console.guard import Refused, check_request, security_headers
 from gateway.console.live import FeedPump, Streams
 from gateway.core.errors import FencegateError
 from gateway.runtime.settings import Settings
+from gateway.store.anchors import anchor_path
 from gateway.store.store import Store
 
 __all__ = ["CONSOLE", "Console", "build", "session_of"]
@@ -117,7 +117,7 @@ async def console_middleware(
         response: web.StreamResponse = await handler(request)
         return response
     except web.HTTPRedirection as exc:
-        return see_other(str(exc.location))
+        return see_other(exc.headers.get("Location", PREFIX))
     except web.HTTPException as exc:
         return error_page(request, exc.status, exc.text or exc.reason)
     except BadFilter as exc:
@@ -210,9 +210,7 @@ def build(
         sessions=Sessions(
             console_secret(settings, secret), keys, settings.console.cookie_ttl_seconds
         ),
-        pump=FeedPump(
-            lambda *a: store().client.execute_command(*a), settings.console.poll_seconds
-        ),
+        pump=FeedPump(redis_call(store), settings.console.poll_seconds),
         streams=Streams(settings.console.sse_ping_seconds),
         audit_keys=audit_keys,
         host_allowed=host_allowed,
@@ -255,5 +253,3 @@ async def stop(app: web.Application) -> None:
     await console.pump.aclose()
     if console.runs is not None:
         await console.runs.aclose()
-
-

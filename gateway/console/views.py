@@ -21,6 +21,7 @@ from gateway.console.data import (
     feed_after,
     feed_page,
     feed_top,
+    redis_call,
 )
 from gateway.console.live import id_key, next_or_closed, open_stream
 from gateway.console.site import CONSOLE, render, session_of
@@ -34,7 +35,7 @@ _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _call(request: web.Request) -> Any:
-    return request.app[CONSOLE].store.client.execute_command
+    return redis_call(request.app[CONSOLE].store_of)
 
 
 async def overview(request: web.Request) -> web.Response:
@@ -89,8 +90,8 @@ async def export(request: web.Request) -> web.StreamResponse:
         }
     )
     await response.prepare(request)
-    fields = ("id", "at", "job_id", "job_entry", "step", "reason", "presented", "current")
-    fields += ("worker_id", "adapter")
+    fields = ("id", "at", "job_id", "job_entry", "step", "reason", "presented", "current",
+              "worker_id", "adapter")  # fmt: skip
     if kind == "csv":
         buf = io.StringIO()
         csv.writer(buf).writerow(fields)

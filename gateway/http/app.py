@@ -277,7 +277,8 @@ def create_app(
     # the router tries routes sharing a prefix in the order added: the hot ones first
     for route in sorted(ROUTES, key=lambda r: r.handler not in HOT_HANDLERS):
         app.router.add_route(route.method, route.path, route.handler)
-    console.mount(  # /console; its on_shutdown hook goes first: its open streams end before the drain
+    # /console; its on_shutdown hook goes first: its open streams end before the drain
+    console.mount(
         app,
         settings,
         secret=secret,

@@ -28,9 +28,7 @@ def keep(shot: Path) -> None:
     shutil.copyfile(shot, DOCS_IMG / shot.name)
 
 
-async def test_a_stale_call_appears_live_with_both_generations(
-    console: Console, tabs: Any
-) -> None:
+async def test_a_stale_call_appears_live_with_both_generations(console: Console, tabs: Any) -> None:
     await console.register("payroll-7", 1)
     await console.register("payroll-7", 2)
     tab = await tabs(console.base)
@@ -65,9 +63,7 @@ async def test_markup_from_outside_renders_as_text(console: Console, tabs: Any) 
     await expect(tab.page.locator("#step-bill pre.error-body")).to_contain_text(ERROR_MARKUP)
     await expect(tab.page.locator("#step-bill dd.worker")).to_have_text(MARKUP)
     await tab.page.goto(console.base + "/console/attention")
-    await expect(tab.page.locator("#attention pre.error-body").first).to_contain_text(
-        ERROR_MARKUP
-    )
+    await expect(tab.page.locator("#attention pre.error-body").first).to_contain_text(ERROR_MARKUP)
     for path in ("/console/rejections", "/console/jobs/inv-1", "/console/attention"):
         await tab.page.goto(console.base + path)
         assert await tab.page.locator("main svg, main img, main script").count() == 0
@@ -188,7 +184,10 @@ async def test_who_may_see_what(console: Console, tabs: Any) -> None:
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/console"
     # a forged cookie (payload changed, MAC kept) and an expired one: back to the login form
     payload, mac = cookie["value"].split(".")
-    forged = {**cookie, "value": payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB") + "." + mac}
+    forged = {
+        **cookie,
+        "value": payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB") + "." + mac,
+    }
     sessions = console.sessions()
     sessions.ttl = -5
     _, expired_value = sessions.login(AUDITOR) or (None, "")
