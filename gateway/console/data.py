@@ -95,29 +95,29 @@ class Filters:
     worker: str = ""
     since: str = ""
     until: str = ""
+    since_ms: int | None = None  # the window in ms, parsed once
+    until_ms: int | None = None
 
     @classmethod
     def parse(cls, q: Mapping[str, str]) -> Filters:
-        f = cls(**{k: q.get(k, "").strip() for k in ("job", "reason", "worker", "since", "until")})
-        if f.job and not NAME_RE.fullmatch(f.job):
+        job, reason, worker, since, until = (
+            q.get(k, "").strip() for k in ("job", "reason", "worker", "since", "until")
+        )
+        if job and not NAME_RE.fullmatch(job):
             raise BadFilter("job must be a job id (letters, digits, '.', '_', '-')")
-        if f.reason and not _REASON.fullmatch(f.reason):
+        if reason and not _REASON.fullmatch(reason):
             raise BadFilter("reason must be one of the listed reasons")
-        if f.worker and not _WORKER.fullmatch(f.worker):
+        if worker and not _WORKER.fullmatch(worker):
             raise BadFilter("worker must be 1 to 128 printable ASCII characters")
-        if f.since:
-            _time(f.since, "since")
-        if f.until:
-            _time(f.until, "until")
-        return f
-
-    @property
-    def since_ms(self) -> int | None:
-        return _time(self.since, "since") if self.since else None
-
-    @property
-    def until_ms(self) -> int | None:
-        return _time(self.until, "until") if self.until else None
+        return cls(
+            job,
+            reason,
+            worker,
+            since,
+            until,
+            _time(since, "since") if since else None,
+            _time(until, "until") if until else None,
+        )
 
     def query(self, **extra: str) -> dict[str, str]:
         items = {k: getattr(self, k) for k in ("job", "reason", "worker", "since", "until")}
