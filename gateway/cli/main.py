@@ -625,4 +625,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fencegate: {exc.code}: {exc.detail}", file=sys.stderr)
         return EXIT_RUNTIME
     return code
-

@@ -193,7 +193,18 @@ def create_app(
                 except OSError as exc:
                     log.error("state_file_write_failed", error=str(exc))
 
-        tickers = [asyncio.create_task(epochs()), asyncio.create_task(marks())]
+        async def attention() -> None:  # the "needs a decision" hints (gateway.store.attention)
+            every = settings.fencing.attention_reconcile_seconds
+            while True:
+                await asyncio.sleep(every)  # not at start: the hints outlive a restart
+                try:
+                    await store.reconcile_attention()
+                except StoreUnavailable:
+                    pass
+                except Exception:  # never let the reconciler stop for good
+                    log.exception("attention_reconcile_failed")
+
+        tickers = [asyncio.create_task(t()) for t in (epochs, marks, attention)]
         anchorer.start(settings.audit.anchor_interval_seconds)
         yield
         for ticker in tickers:

@@ -68,6 +68,7 @@ from gateway.core.records import (
 from gateway.core.tokens import MAX_GENERATION
 from gateway.store import durability, statefile
 from gateway.store.anchors import note_audit
+from gateway.store.attention import NeedsIndex
 from gateway.store.batching import Batcher, NotSent
 from gateway.store.keys import (
     MARKER,
@@ -108,6 +109,7 @@ SCRIPT_NAMES = (
     "resolve-4",
     "relay-4",
     "void-3",
+    "reindex-2",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
@@ -249,6 +251,7 @@ class Store:
             for name, src in self._sources.items()
         }
         self._batcher = Batcher(client)
+        self.needs = NeedsIndex(self)  # the "needs a decision" index (gateway.store.attention)
 
     async def aclose(self) -> None:
         """Finish the pipelined batches in flight and close their connections."""
@@ -262,6 +265,10 @@ class Store:
     @property
     def client(self) -> aioredis.Redis:
         return self._client
+
+    @property
+    def retention_ms(self) -> int:
+        return self._retention_ms
 
     # -- plumbing ------------------------------------------------------------
 
@@ -474,8 +481,10 @@ class Store:
         return _REJECTIONS[reason](detail, **fields)
 
     async def register(
-        self, keys: JobKeys, generation: int | None, lease_ms: int | None
+        self, keys: JobKeys, generation: int | None, lease_ms: int | None, *, by: str = ""
     ) -> Registration:
+        """Register a generation; a new one is recorded in the job's audit chain (``by``: the
+        key's name, else its role)."""
         reply = await self._run(
             "register-2",
             keys,
@@ -487,15 +496,18 @@ class Store:
                 keys.tenant,
                 self._retention,
                 str(MAX_GENERATION),
+                by,
             ),
         )
         if int(reply[0]) == 9:
             raise await self._rejected(keys, reply)
+        if len(reply) > 3:
+            note_audit(self.audit_touched, keys, str(reply[3]))
         lease = int(reply[2])
         return Registration(int(reply[1]), lease or None, created=int(reply[0]) == 0)
 
     async def heartbeat(
-        self, keys: JobKeys, generation: int, worker_id: str
+        self, keys: JobKeys, generation: int, worker_id: str, *, by: str = ""
     ) -> tuple[int, int | None]:
         reply = await self._run(
             "heartbeat-2",
@@ -508,10 +520,13 @@ class Store:
                 worker_id,
                 keys.tenant,
                 self._retention,
+                by,
             ),
         )
         if int(reply[0]) == 9:
             raise await self._rejected(keys, reply, worker_id=worker_id)
+        if len(reply) > 3 and reply[3]:  # an implicit registration
+            note_audit(self.audit_touched, keys, str(reply[3]))
         return int(reply[1]), (int(reply[2]) or None)
 
     async def reject(
@@ -537,13 +552,21 @@ class Store:
         )
 
     async def resolve(
-        self, keys: JobKeys, step: str, *, delivered: bool, result: Any, operator: str
+        self,
+        keys: JobKeys,
+        step: str,
+        *,
+        delivered: bool,
+        result: Any,
+        operator: str,
+        by: str = "",
     ) -> EffectRecord:
-        """Record an operator's finding for an ``unknown`` step (audited)."""
+        """Record an operator's finding for an ``unknown`` step (audited; ``operator`` is the
+        entry's worker_id, ``by`` the key's name, else its role)."""
         reply = await self._run(
             "resolve-4",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq),
+            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
             (
                 "delivered" if delivered else "not_delivered",
                 "" if result is None else json.dumps(result, separators=(",", ":")),
@@ -553,6 +576,7 @@ class Store:
                 self._retention,
                 operator,
                 keys.member(step),
+                by or operator,
             ),
         )
         code = int(reply[0])
@@ -570,6 +594,7 @@ class Store:
             reason=f"operator_resolved_{outcome}",
             worker_id=operator,
         )
+        await self.needs.unhint(keys, step)
         record = await self.effect(keys, step)
         assert record is not None
         return record
@@ -592,6 +617,7 @@ class Store:
         resolvable: bool,
         payload_json: str = "",
         dispatch_id: str | None = None,
+        by: str = "",
     ) -> AdmitVerdict:
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
 
@@ -602,7 +628,7 @@ class Store:
         reply = await self._run(
             "admit-5",
             keys,
-            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq),
+            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
             (
                 str(generation),
                 self._registration,
@@ -619,10 +645,13 @@ class Store:
                 keys.tenant,
                 payload_json,
                 keys.member(step),
+                by,
             ),
             request_id=dispatch_id,
         )
         code = int(reply[0])
+        if len(reply) == {0: 7, 2: 3, 4: 3}.get(code) and reply[-1]:  # implicit registration
+            note_audit(self.audit_touched, keys, str(reply[-1]))
         if code == 0:
             if reply[5]:
                 await self._copy_to_feed(keys, str(reply[5]))
@@ -632,7 +661,9 @@ class Store:
         if code == 2:
             return InProgress(int(reply[1]))
         if code == 3:
-            return Unknown(EffectRecord.from_flat(reply[1:]))
+            unknown = EffectRecord.from_flat(reply[1:])
+            await self.needs.hint(keys, step, unknown.updated_at_ms)
+            return Unknown(unknown)
         if code == 4:
             if reply[1]:
                 await self._copy_to_feed(keys, str(reply[1]))
@@ -651,9 +682,11 @@ class Store:
         reply = await self._run(
             "void-3",
             keys,
-            (keys.effect(step), keys.relayq, keys.req(dispatch_id)),
-            (dispatch_id, self._retention),
+            (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.needs),
+            (dispatch_id, self._retention, keys.member(step)),
         )
+        if reply[1] == "unknown":
+            await self.needs.hint(keys, step)
         return str(reply[1])
 
     async def record(
@@ -674,7 +707,7 @@ class Store:
         reply = await self._run(
             "record-2",
             keys,
-            (keys.effect(step), keys.relayq),
+            (keys.effect(step), keys.relayq, keys.needs),
             (
                 dispatch_id,
                 state,
@@ -688,6 +721,8 @@ class Store:
         )
         if int(reply[0]) != 0:
             return False, None
+        if state == "unknown":
+            await self.needs.hint(keys, step)
         return True, (int(reply[1]) if reply[1] else None)
 
     async def _copy_to_feed(self, keys: JobKeys, audit_id: str) -> None:
@@ -792,7 +827,7 @@ class Store:
         reply = await self._run(
             "relay-4",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq),
+            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
             (
                 dispatch_id,
                 self._dispatch_timeout_ms,
@@ -814,6 +849,8 @@ class Store:
             return int(reply[1])
         if reply[2]:
             await self._copy_to_feed(keys, str(reply[2]))
+        if reply[1] == "unknown":
+            await self.needs.hint(keys, step)
         return str(reply[1])
 
     # -- views ---------------------------------------------------------------
@@ -861,18 +898,58 @@ class Store:
     async def audit(
         self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None
     ) -> tuple[list[AuditEntry], str | None]:
-        """Rejections newest first; returns (entries, next cursor)."""
+        """Rejections (and resolutions) newest first; returns (entries, next cursor). A job's
+        chain also holds its registrations (``event`` entries): left out here."""
         key = JobKeys(tenant, job_id).audit if job_id else audit_feed(tenant)
         end = f"({cursor}" if cursor else "+"
+        entries: list[AuditEntry] = []
+        more = False
+        while True:
+
+            async def read(end: str = end) -> list[tuple[str, dict[str, str]]]:
+                rows = await self._client.xrevrange(key, max=end, min="-", count=limit + 1)
+                return rows  # type: ignore[return-value]  # decode_responses=True: str
+
+            rows = await self._guard(read)
+            for i, f in rows:
+                if "event" in f:
+                    continue
+                if len(entries) == limit:
+                    more = True
+                    break
+                entries.append(AuditEntry.from_fields(i, f))
+            if more or len(rows) <= limit:
+                break
+            end = f"({rows[-1][0]}"
+        return entries, (entries[-1].id if more and entries else None)
+
+    async def history(self, keys: JobKeys, *, limit: int = 10_000) -> list[dict[str, str]]:
+        """Every entry of the job's audit chain, oldest first, as stored (``id`` added):
+        rejections, registrations (``event``), resolutions; the chain fields included."""
 
         async def read() -> list[tuple[str, dict[str, str]]]:
-            rows = await self._client.xrevrange(key, max=end, min="-", count=limit + 1)
+            rows = await self._client.xrange(keys.audit, count=limit)
             return rows  # type: ignore[return-value]  # decode_responses=True: str
 
-        rows = await self._guard(read)
-        entries = [AuditEntry.from_fields(i, f) for i, f in rows[:limit]]
-        next_cursor = entries[-1].id if len(rows) > limit else None
-        return entries, next_cursor
+        return [{"id": i, **f} for i, f in await self._guard(read)]
+
+    # -- "needs a decision" (gateway.store.attention) ----------------------------------
+
+    async def attention(
+        self, tenant: str, *, limit: int, after: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The tenant's unknown steps and dispatches past their deadline, oldest first; each
+        item's ``cursor`` pages on (``after``). ValueError for a malformed ``after``."""
+        return await self.needs.listing(tenant, limit=limit, after=after)
+
+    async def overview(self, tenant: str, *, now_ms: int) -> dict[str, Any]:
+        return await self.needs.overview(tenant, now_ms=now_ms)
+
+    async def record_chain_check(self, tenant: str, summary: dict[str, Any]) -> None:
+        await self.needs.record_chain_check(tenant, summary)
+
+    async def reconcile_attention(self, now_ms: int | None = None) -> dict[str, int]:
+        return await self.needs.reconcile(now_ms)
 
 
 def connect(url: str, *, timeout: float, max_connections: int) -> aioredis.Redis:
