@@ -16,6 +16,7 @@ from gateway.console.live import open_stream
 from gateway.console.site import CONSOLE, error_page, render, see_other, session_of
 from gateway.core import fastjson
 from gateway.core.errors import FencegateError
+from gateway.fencing.resolution import resolve_step
 from gateway.runtime.settings import NAME_RE
 from gateway.store.keys import JobKeys
 
@@ -213,8 +214,6 @@ async def resolve(request: web.Request) -> web.Response:
         except (ValueError, RecursionError) as exc:
             return error_page(request, 400, f"the result is not valid JSON: {exc}")
     keys = JobKeys(session.tenant, job)
-    from gateway.fencing.resolution import resolve_step  # TEMP until console-data lands
-
     try:
         await resolve_step(
             console.store, keys, step, delivered=outcome == "delivered", result=result,

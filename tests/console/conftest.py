@@ -147,27 +147,28 @@ class Console:
 @pytest_asyncio.fixture
 async def console(make_gateway: Any) -> AsyncIterator[Console]:
     """A gateway with keys (auditor, admin, worker, scheduler; another tenant), fast live
-    pages, and an adapter whose downstream answers 500 with an HTML error page."""
+    pages, and adapters whose downstream answers with HTML: ``html`` 422 with markup (the
+    step fails, the body is stored), ``htmlok`` 200 with markup (the result), ``flaky`` 500
+    (the outcome is unknown)."""
     hits: list[str] = []
 
-    async def html_error(request: web.Request) -> web.Response:
+    async def answer(request: web.Request) -> web.Response:
         hits.append(request.path)
-        return web.Response(status=500, text=ERROR_MARKUP, content_type="text/html")
+        status = {"/fail": 422, "/ok": 200}.get(request.path, 500)
+        return web.Response(status=status, text=ERROR_MARKUP, content_type="text/html")
 
     downstream = web.Application()
-    downstream.router.add_post("/{tail:.*}", html_error)
+    downstream.router.add_post("/{tail:.*}", answer)
     server = TestServer(downstream, host="127.0.0.1", port=0)
     await server.start_server()
+
+    def hook(path: str) -> dict[str, Any]:
+        return {"type": "webhook", "url": str(server.make_url(path)), "timeout_seconds": 2}
+
     gw: Gateway = await make_gateway(
         auth=keys_section(),
         console={"poll_seconds": 0.1, "sse_ping_seconds": 0.3},
-        adapters={
-            "html": {
-                "type": "webhook",
-                "url": str(server.make_url("/hook")),
-                "timeout_seconds": 2,
-            }
-        },
+        adapters={"html": hook("/fail"), "htmlok": hook("/ok"), "flaky": hook("/unknown")},
     )
     base = str(gw.client.make_url("")).rstrip("/")
     yield Console(gw, base, hits)
