@@ -234,3 +234,18 @@ async def test_disabled_console_is_not_served(make_gateway: Any) -> None:
     gw: Gateway = await make_gateway(console={"enabled": False})
     resp = await gw.client.get("/console/")
     assert resp.status == 404
+
+
+async def test_a_keyed_chain_is_worded_as_such(make_gateway: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("FG_CONSOLE_TEST_AUDIT_KEY", "k" * 32)
+    gw: Gateway = await make_gateway(audit={"key_env": "FG_CONSOLE_TEST_AUDIT_KEY"})
+    assert (await gw.register("keyed", generation=2)).status == 201
+    assert (await gw.effect("keyed", "s", 1)).status == 409
+    base = str(gw.client.make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as session:
+        async with session.get(base + "/console/chain") as resp:
+            page = await resp.text()
+        assert "Keyed chain" in page and "anchored outside Redis" in page
+        async with session.get(base + "/console/jobs/keyed") as resp:
+            page = await resp.text()
+        assert 'id="chain-badge">HMAC chain verified<' in page
