@@ -249,3 +249,31 @@ async def test_a_keyed_chain_is_worded_as_such(make_gateway: Any, monkeypatch: A
         async with session.get(base + "/console/jobs/keyed") as resp:
             page = await resp.text()
         assert 'id="chain-badge">HMAC chain verified<' in page
+
+
+async def test_resolve_needs_csrf_confirmation_and_this_origin(console: Console) -> None:
+    await console.register("csrf-1", 1)
+    assert (await console.effect("csrf-1", "s", 1, adapter="flaky")).status == 504
+    session, csrf = await logged_in(console)
+    url = console.base + "/console/jobs/csrf-1/steps/s/resolve"
+    form = {"outcome": "delivered", "confirm": "yes", "csrf": csrf}
+    async with session:
+        for data, headers, status in (
+            ({**form, "csrf": "forged"}, {"Origin": console.base}, 403),
+            ({**form, "confirm": ""}, {"Origin": console.base}, 400),
+            (form, {"Origin": "http://evil.example"}, 403),
+            ({**form, "result": "{not json"}, {"Origin": console.base}, 400),
+        ):
+            async with session.post(url, data=data, headers=headers) as resp:
+                assert resp.status == status, (data, headers)
+        record = await console.gw.client.get(
+            "/v1/jobs/csrf-1/effects/s", headers=console.as_(AUDITOR)
+        )
+        assert (await record.json())["state"] == "unknown"  # nothing above changed it
+        async with session.post(url, data=form, headers={"Origin": console.base}) as resp:
+            assert resp.status == 200 and resp.url.path == "/console/attention"
+        record = await console.gw.client.get(
+            "/v1/jobs/csrf-1/effects/s", headers=console.as_(AUDITOR)
+        )
+        body = await record.json()
+        assert body["state"] == "succeeded" and body["resolved_by"] == "alice-auditor"
