@@ -198,7 +198,9 @@ def create_app(
             while True:
                 await asyncio.sleep(every)  # not at start: the hints outlive a restart
                 try:
-                    await store.reconcile_attention()
+                    # one gateway of the deployment per interval
+                    if await store.needs.take_turn(int(every * 1000)):
+                        await store.reconcile_attention()
                 except StoreUnavailable:
                     pass
                 except Exception:  # never let the reconciler stop for good

@@ -14,7 +14,8 @@ and ``resolve`` accepts it already).
   the relay's hints). A dispatch passing its deadline is no verdict: nothing runs then, so
   the reconciler hints it.
 * **The reconciler** (:meth:`NeedsIndex.reconcile`, every
-  ``fencing.attention_reconcile_seconds`` in every gateway) reads every slot's due entries,
+  ``fencing.attention_reconcile_seconds`` in one gateway of the deployment: the first to
+  take the interval's turn, :meth:`NeedsIndex.take_turn`) reads every slot's due entries,
   1,024 slots per batch on the auto-pipeline, hints them per tenant, repairs an entry whose
   step record disagrees (``reindex-2``: the record expired with its retention, or a slot lost
   writes), and drops hints no slot holds any more. A crash between a verdict and its hint is
@@ -31,6 +32,7 @@ import asyncio
 import base64
 import binascii
 import json
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -42,6 +44,7 @@ from gateway.core.errors import StoreUnavailable
 from gateway.core.records import EffectRecord
 from gateway.store.keys import (
     NEEDS_TENANTS,
+    NEEDS_TURN,
     SLOTS,
     JobKeys,
     audit_feed,
@@ -222,6 +225,13 @@ class NeedsIndex:
             pass  # the reconciler drops them
 
     # -- the reconciler -------------------------------------------------------------------
+
+    async def take_turn(self, every_ms: int) -> bool:
+        """Whether this gateway reconciles this interval: the first of all gateways to ask
+        (``SET NX PX``) does; a pass is 16,384 reads, once per interval for the deployment."""
+        token = f"{os.getpid()}-{time.monotonic_ns()}"
+        taken = await self._cmd("SET", NEEDS_TURN, token, "NX", "PX", max(1, every_ms - 100))
+        return bool(taken)
 
     async def reconcile(self, now_ms: int | None = None) -> dict[str, int]:
         """Rebuild every tenant's hints from the slots' indexes (see the module doc)."""

@@ -33,6 +33,7 @@ so the tag is unambiguous.
                         written after the verdict, rebuilt by the reconciler from the
                         slots' indexes. Read by ``GET /v1/attention`` and the console.
 ``fg:nd:tenants``       set of the tenants that have such hints.
+``fg:nd:turn``          the gateway that reconciles the hints this interval (SET NX PX).
 ``fg:chain:t:<t>``      per tenant: the summary of the last audit chain check (JSON).
 ``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
                         the one a gateway last saw came back from an older snapshot.
@@ -56,6 +57,7 @@ __all__ = [
     "EPOCH",
     "MARKER",
     "NEEDS_TENANTS",
+    "NEEDS_TURN",
     "RELAY_TENANTS",
     "SLOTS",
     "JobKeys",
@@ -74,6 +76,7 @@ MARKER = "fg:marker"
 EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
 RELAY_TENANTS = "fg:relay:tenants"  # set: tenants with relay hints
 NEEDS_TENANTS = "fg:nd:tenants"  # set: tenants with "needs a decision" hints
+NEEDS_TURN = "fg:nd:turn"  # which gateway reconciles the hints this interval (SET NX PX)
 PREFIX = "fg:"
 SLOTS = 16384
 

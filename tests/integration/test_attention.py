@@ -188,6 +188,17 @@ async def test_a_dispatch_past_its_deadline_is_found_by_the_reconciler_and_resol
     assert await store(gw).record(keys, "stuck", held.dispatch_id, "succeeded") == (False, None)  # type: ignore[union-attr]
 
 
+async def test_one_gateway_of_the_deployment_reconciles_per_interval(
+    gw: Gateway, make_gateway: Any
+) -> None:
+    other = await make_gateway(auth=auth())
+    assert await store(gw).needs.take_turn(400) is True
+    assert await store(other).needs.take_turn(400) is False  # the interval is taken
+    assert await store(gw).needs.take_turn(400) is False
+    await asyncio.sleep(0.45)
+    assert await store(other).needs.take_turn(400) is True  # the next interval
+
+
 async def test_an_expired_record_is_repaired_out_of_the_index(
     gw: Gateway, upstream: Upstream
 ) -> None:
