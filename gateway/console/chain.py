@@ -22,7 +22,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.core.records import chain_hash
-from gateway.store.anchors import verify
+from gateway.store.anchor_check import verify
 
 __all__ = ["ChainRuns", "Run", "check_job_chain", "honest_wording"]
 

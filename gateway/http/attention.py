@@ -18,7 +18,7 @@ from gateway.http.models import AttentionItemOut, AttentionPageOut, iso_ms
 __all__ = ["get_attention"]
 
 _LIMIT = re.compile(r"[0-9]{1,4}")
-_CURSOR = re.compile(r"[A-Za-z0-9_-]{1,400}")
+_CURSOR = re.compile(r"[A-Za-z0-9_-]{1,1200}")
 
 
 async def get_attention(request: web.Request) -> web.Response:

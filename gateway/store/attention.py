@@ -34,7 +34,7 @@ import binascii
 import json
 import os
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,15 +47,13 @@ from gateway.store.keys import (
     NEEDS_TURN,
     SLOTS,
     JobKeys,
-    audit_feed,
-    chain_check,
     key_slot,
     needs_hint,
     needs_index,
 )
 
 if TYPE_CHECKING:
-    from gateway.store.store import Store
+    from gateway.store.base import StoreBase
 
 __all__ = ["NeedsIndex", "decode_cursor", "encode_cursor"]
 
@@ -63,11 +61,6 @@ log = structlog.get_logger("fencegate.attention")
 
 _PAGE = 200  # hints read per round while listing
 _PER_SLOT = 1000  # due entries read per slot and round while reconciling
-_FEED_PAGE = 1000
-_FEED_CAP = 50_000  # feed entries counted per overview (the rest: "capped")
-_OPEN_CAP = 10_000  # hints verified per overview
-_PROBLEMS_KEPT = 200
-HOUR_MS = 3_600_000
 
 
 def encode_cursor(score: int, member: str) -> str:
@@ -121,7 +114,7 @@ def _needs(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
 class NeedsIndex:
     """The store's side of the index: hints, listing, the reconciler, the overview."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StoreBase) -> None:
         self._store = store
 
     async def _read(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
@@ -137,6 +130,10 @@ class NeedsIndex:
                 return replies
 
         return await self._store._guard(run)
+
+    @property
+    def retention_ms(self) -> int:
+        return self._store.retention_ms
 
     async def _cmd(self, *command: Any) -> Any:
         async def run() -> Any:
@@ -310,60 +307,6 @@ class NeedsIndex:
                 await self._cmd("ZREM", needs_hint(tenant), *gone)
                 dropped += len(gone)
         return dropped
-
-    # -- the overview and the chain check -------------------------------------------------
-
-    async def overview(self, tenant: str, *, now_ms: int) -> dict[str, Any]:
-        """Counts from Redis (every gateway's, not one process's): the last hour's audited
-        rejections by reason (from the tenant feed: best effort), open unknowns and overdue
-        dispatches (each confirmed by its record), the last chain check."""
-        by_reason: Counter[str] = Counter()
-        resolutions = 0
-        start, read, capped = f"{now_ms - HOUR_MS}-0", 0, False
-        while True:
-            rows = await self._cmd("XRANGE", audit_feed(tenant), start, "+", "COUNT", _FEED_PAGE)
-            for _, fields in rows:
-                reason = _hash(fields).get("reason", "")
-                if reason.startswith("operator_resolved_"):
-                    resolutions += 1
-                else:
-                    by_reason[reason] += 1
-            read += len(rows)
-            if len(rows) < _FEED_PAGE:
-                break
-            if read >= _FEED_CAP:
-                capped = True
-                break
-            start = "(" + rows[-1][0]
-        hints: list[str] = await self._cmd(
-            "ZRANGEBYSCORE", needs_hint(tenant), "-inf", now_ms, "LIMIT", 0, _OPEN_CAP + 1
-        )
-        mine = [m for m in hints[:_OPEN_CAP] if (_member(m) or ("",))[0] == tenant]
-        hashes = [_hash(h) for h in await self._read([("HGETALL", _effect(m)) for m in mine])]
-        states = Counter(f[0] for h in hashes if h and (f := _needs(h, now_ms)))
-        raw = await self._cmd("GET", chain_check(tenant))
-        return {
-            "at_ms": now_ms,
-            "rejections_last_hour": dict(sorted(by_reason.items())),
-            "rejections_total_last_hour": sum(by_reason.values()),
-            "resolutions_last_hour": resolutions,
-            "rejections_capped": capped,
-            "open_unknowns": states["unknown"],
-            "overdue_dispatches": states["dispatching"],
-            "open_capped": len(hints) > _OPEN_CAP,
-            "last_chain_check": json.loads(raw) if raw else None,
-        }
-
-    async def record_chain_check(self, tenant: str, summary: dict[str, Any]) -> None:
-        """Keep the summary of a tenant's chain check (``at_ms``, ``jobs``, ``entries``,
-        ``problems``: a count or a list, of which the first 200 are kept) for every gateway."""
-        kept = dict(summary)
-        problems = kept.get("problems")
-        if isinstance(problems, list | tuple):
-            kept["problems"] = list(problems[:_PROBLEMS_KEPT])
-            kept["problems_total"] = len(problems)
-        body = json.dumps(kept, separators=(",", ":"), default=str)
-        await self._cmd("SET", chain_check(tenant), body, "PX", self._store.retention_ms)
 
 
 def _due_query(key: str, now: int, offset: int) -> tuple[Any, ...]:

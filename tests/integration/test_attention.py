@@ -192,11 +192,11 @@ async def test_one_gateway_of_the_deployment_reconciles_per_interval(
     gw: Gateway, make_gateway: Any
 ) -> None:
     other = await make_gateway(auth=auth())
-    assert await store(gw).needs.take_turn(400) is True
-    assert await store(other).needs.take_turn(400) is False  # the interval is taken
-    assert await store(gw).needs.take_turn(400) is False
-    await asyncio.sleep(0.45)
-    assert await store(other).needs.take_turn(400) is True  # the next interval
+    assert await store(gw).needs.take_turn(2000) is True
+    assert await store(other).needs.take_turn(2000) is False  # the interval is taken
+    assert await store(gw).needs.take_turn(2000) is False
+    await asyncio.sleep(2.0)
+    assert await store(other).needs.take_turn(2000) is True  # the next interval
 
 
 async def test_an_expired_record_is_repaired_out_of_the_index(

@@ -1,4 +1,4 @@
-"""The invariants the explorer checks after every step (SPEC §1 and issue 12).
+"""The invariants the explorer checks after every step (docs/contract.md#invariants and issue 12).
 
 Each check is a named function of one transition: it returns ``None``, or a
 message saying what broke and a short signature of the kind of breakage (the
@@ -119,8 +119,8 @@ def i_honest(c: Ctx) -> str | None:
 
 
 def i_audit(c: Ctx) -> str | None:
-    """Exactly one audit entry per rejecting call (and per operator resolution): a re-sent
-    call counts once."""
+    """Exactly one audit entry per rejecting call (and per operator resolution and new
+    registration): a re-sent call counts once."""
     n = len(c.raw["audit"])
     if n != c.audit_expected:
         return f"the job's audit stream has {n} entries for {c.audit_expected} audited calls"
