@@ -116,8 +116,9 @@ class Session:
 
     @property
     def who(self) -> str:
-        """How an action of this session is recorded: the key's name, else its role."""
-        return self.name or f"operator:{self.role}"
+        """How an action of this session is recorded: the key's name, else its role (as the
+        API records it)."""
+        return self.name or self.role
 
 
 class Sessions:
