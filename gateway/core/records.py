@@ -161,6 +161,7 @@ class AuditEntry:
     current: int | None
     worker_id: str | None
     adapter: str | None
+    by: str | None = None  # an operator resolution: the key's name, else its role
 
     @classmethod
     def from_fields(cls, entry_id: str, f: dict[str, str]) -> AuditEntry:
@@ -174,6 +175,7 @@ class AuditEntry:
             current=int(f["current"]) if f.get("current") else None,
             worker_id=f.get("worker_id") or None,
             adapter=f.get("adapter") or None,
+            by=f.get("by") or None,
         )
 
 

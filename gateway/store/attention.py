@@ -20,7 +20,7 @@ and ``resolve`` accepts it already).
   step record disagrees (``reindex-2``: the record expired with its retention, or a slot lost
   writes), and drops hints no slot holds any more. A crash between a verdict and its hint is
   repaired there.
-* **Reading** (:meth:`NeedsIndex.list`) takes the tenant's due hints in score order, reads
+* **Reading** (:meth:`NeedsIndex.listing`) takes the tenant's due hints in score order, reads
   each step's record and shows only what the record confirms: a hint is never believed on
   its own, so a stale hint costs a read, never a wrong row; stale ones are dropped after the
   slot's truth confirms they are gone.

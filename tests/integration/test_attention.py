@@ -118,6 +118,12 @@ async def test_unknown_step_is_listed_and_leaves_when_resolved_by_a_named_key(
     entry = (await store(gw).history(JobKeys("a", "r")))[-1]
     assert entry["reason"] == "operator_resolved_delivered" and entry["by"] == "alice@example.com"
     assert entry["worker_id"] == "operator:auditor"
+    # and in the listings: the tenant feed's copy and the job's own stream
+    for query in ({}, {"job": "r"}):
+        resp = await gw.client.get("/v1/audit/rejections", params=query, headers=as_("alice"))
+        [listed] = (await resp.json())["items"]
+        assert listed["reason"] == "operator_resolved_delivered"
+        assert listed["by"] == "alice@example.com", query
     check = await store(gw).verify_audit()
     assert check.broken == [] and check.entries == 2  # the registration and the resolution
 
@@ -356,6 +362,37 @@ async def test_an_implicit_registration_is_recorded_by_the_deciding_script(
         ("5", "3", "worker-fleet", "implicit"),
     ]
     assert regs[1]["worker_id"] == "w-5"
+    # a checkpoint and a completion raise the fence too: registrations as well
+    tok = {"Fencing-Token": "6", "Worker-Id": "w-6"}
+    resp = await gw.client.put(
+        "/v1/jobs/r/checkpoints/c", json={"p": 1}, headers=as_("work", **tok)
+    )
+    assert resp.status == 200, await resp.text()
+    tok = {"Fencing-Token": "7", "Worker-Id": "w-7"}
+    resp = await gw.client.post("/v1/jobs/r/complete", json={}, headers=as_("work", **tok))
+    assert resp.status in (200, 201), await resp.text()
+    regs = [e for e in await store(gw).history(JobKeys("a", "r")) if e.get("event")]
+    assert [(e["generation"], e["previous"], e["by"], e["worker_id"]) for e in regs[2:]] == [
+        ("6", "5", "worker-fleet", "w-6"),
+        ("7", "6", "worker-fleet", "w-7"),
+    ]
+    assert (await store(gw).verify_audit()).broken == []
+
+
+async def test_an_output_upload_raising_the_fence_is_a_registration(
+    make_gateway: Any, tmp_path: Any
+) -> None:
+    outputs = {"store": "file", "path": str(tmp_path / "objects"), "sweep_interval_seconds": 0}
+    gw = await make_gateway(auth=auth(), fencing={"registration": "implicit"}, outputs=outputs)
+    tok = {"Fencing-Token": "2", "Worker-Id": "w-2", "Content-Type": "text/plain"}
+    resp = await gw.client.put(
+        "/v1/jobs/r/outputs/report.txt", data=b"hi", headers=as_("work", **tok)
+    )
+    assert resp.status == 201, await resp.text()
+    [reg] = [e for e in await store(gw).history(JobKeys("a", "r")) if e.get("event")]
+    assert (reg["generation"], reg["previous"], reg["by"], reg["worker_id"]) == (
+        "2", "0", "worker-fleet", "w-2",
+    )  # fmt: skip
     assert (await store(gw).verify_audit()).broken == []
 
 

@@ -733,7 +733,7 @@ class Driver:
         result = {"n": 1} if delivered else None
         try:
             rec = await self.store.resolve(
-                KEYS, step, delivered=delivered, result=result, operator="op"
+                KEYS, step, delivered=delivered, result=result, operator="op", by="op"
             )
         except StoreUnavailable:
             return Effects(f"resolve {step} {outcome}: 503")
