@@ -199,7 +199,12 @@ schema = schemathesis.openapi.from_dict(build_openapi())
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_fuzz_every_operation_from_openapi(case: Any, hostile: Hostile) -> None:
     response = case.call(base_url=hostile.url, timeout=10)
-    assert response.status_code < 500, (case.method, case.formatted_path, response.text)
+    # the one documented 5xx a client can cause: a signed upload URL from a store that cannot
+    # sign them (the file store); anything else at 500+ is a bug
+    unsigned = response.status_code == 501 and '"code":"upload_url_unsupported"' in response.text
+    assert response.status_code < 500 or unsigned, (
+        case.method, case.formatted_path, response.text
+    )  # fmt: skip
     if response.status_code >= 400 and case.path != "/metrics":
         ctype = (response.headers.get("content-type") or [""])[0]  # lower-case keys, list values
         assert ctype.startswith("application/problem+json"), (case.method, case.formatted_path)
