@@ -23,6 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.app import create_app
 from gateway.embedded import EmbeddedRedis, free_port
 from gateway.settings import Settings, load_settings
+from tests.valkey_cluster import cluster_url, valkey_cluster  # noqa: F401 (session fixtures)
 
 
 def _snapshot(state: Path) -> tuple[int, bytes] | None:
