@@ -52,7 +52,7 @@ from typing import Any
 import pytest
 import redis
 
-from gateway.embedded import die_with_parent, free_port
+from gateway.store.embedded import die_with_parent, free_port
 
 __all__ = [
     "Node",
