@@ -65,15 +65,32 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-def check_external_durability(url: str, allow_volatile: bool) -> bool:
-    """True if the external Redis keeps fences across restarts (or the operator waived it)."""
-    client = redis.Redis.from_url(
-        url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True
-    )
+def check_external_durability(url: str, allow_volatile: bool, cluster: bool = False) -> bool:
+    """True if the external Redis keeps fences across restarts (or the operator waived it).
+    On Cluster every node (primaries and replicas: a replica may be promoted) is checked."""
+    nodes: list[tuple[str, redis.Redis]] = []
     try:
-        aof = client.config_get("appendonly").get("appendonly")
-        fsync = client.config_get("appendfsync").get("appendfsync")
-        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+        if cluster:
+            from gateway.store.cluster import node_addresses, parse_seeds
+
+            creds = parse_seeds(url)[1]
+            for host, port, role in node_addresses(url):
+                client = redis.Redis(
+                    host=host, port=port, socket_timeout=5, socket_connect_timeout=5,
+                    decode_responses=True, **creds,
+                )  # fmt: skip
+                nodes.append((f"{role} {host}:{port}: ", client))
+        else:
+            client = redis.Redis.from_url(
+                url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True
+            )
+            nodes.append(("", client))
+        problems = []
+        for name, client in nodes:
+            config: dict[Any, Any] = {}
+            for name_ in ("appendonly", "appendfsync", "maxmemory-policy"):  # Redis 6: one each
+                config.update(client.config_get(name_))
+            problems += [name + p for p in _durability_problems(config)]
     except redis.exceptions.ResponseError:
         log.warning(
             "redis_durability_unverified",
@@ -82,16 +99,8 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
         )
         return True
     finally:
-        client.close()
-    problems = []
-    if aof != "yes":
-        problems.append(f"appendonly is {aof!r} (need 'yes')")
-    if fsync != "always":
-        # everysec: an acknowledged write (a registration, a recorded outcome) can be lost
-        # in the last second before a crash of the host
-        problems.append(f"appendfsync is {fsync!r} (need 'always')")
-    if policy != "noeviction":
-        problems.append(f"maxmemory-policy is {policy!r} (need 'noeviction')")
+        for _, client in nodes:
+            client.close()
     if not problems:
         return True
     detail = (
@@ -103,6 +112,21 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
         return True
     log.error("redis_not_durable", detail=detail, hint="fix Redis or pass --allow-volatile-redis")
     return False
+
+
+def _durability_problems(config: dict[Any, Any]) -> list[str]:
+    aof, fsync = config.get("appendonly"), config.get("appendfsync")
+    policy = config.get("maxmemory-policy")
+    problems = []
+    if aof != "yes":
+        problems.append(f"appendonly is {aof!r} (need 'yes')")
+    if fsync != "always":
+        # everysec: an acknowledged write (a registration, a recorded outcome) can be lost
+        # in the last second before a crash of the host
+        problems.append(f"appendfsync is {fsync!r} (need 'always')")
+    if policy != "noeviction":
+        problems.append(f"maxmemory-policy is {policy!r} (need 'noeviction')")
+    return problems
 
 
 def _configured_secrets(settings: Settings) -> list[str]:
@@ -149,7 +173,15 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     # the embedded Redis (its data in data_dir) is initialised at its first start; an
     # external one only by `fencegate init`, or with redis.auto_init
     write = not settings.redis.url or settings.redis.auto_init
-    result = asyncio.run(_init(url, data_dir / "fencegate.state", auto=True, write=write))
+    result = asyncio.run(
+        _init(
+            url,
+            data_dir / "fencegate.state",
+            auto=True,
+            write=write,
+            cluster=settings.redis.cluster,
+        )
+    )
     log.info("workers_starting", workers=args.workers, durability_marker=result)
     # The URL (it may hold a password) goes by environment, never on a command line: a
     # process's argv is readable by every local user (ps), its environment only by its owner.
@@ -187,11 +219,13 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
 
 
 @contextlib.asynccontextmanager
-async def _cli_store(url: str, state_file: Path | None = None) -> AsyncIterator[Store]:
+async def _cli_store(
+    url: str, state_file: Path | None = None, *, cluster: bool = False
+) -> AsyncIterator[Store]:
     """A short-lived store for CLI commands (init, audit verify, the workers' supervisor)."""
     from gateway.store.store import Store, connect
 
-    client = connect(url, timeout=10, max_connections=2)
+    client = connect(url, timeout=10, max_connections=2, cluster=cluster)
     store = Store(
         client, registration="required", dispatch_timeout_ms=1, retention_seconds=60,
         state_file=state_file,
@@ -204,9 +238,15 @@ async def _cli_store(url: str, state_file: Path | None = None) -> AsyncIterator[
 
 
 async def _init(
-    url: str, state_file: Path, *, auto: bool, confirm: bool = False, write: bool = True
+    url: str,
+    state_file: Path,
+    *,
+    auto: bool,
+    confirm: bool = False,
+    write: bool = True,
+    cluster: bool = False,
 ) -> str:
-    async with _cli_store(url, state_file) as store:
+    async with _cli_store(url, state_file, cluster=cluster) as store:
         return await store.initialize(auto=auto, confirm_data_loss=confirm, write=write)
 
 
@@ -231,7 +271,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         if settings.redis.url:
             url = settings.redis.url
-            if not check_external_durability(url, settings.redis.allow_volatile):
+            if not check_external_durability(
+                url, settings.redis.allow_volatile, settings.redis.cluster
+            ):
                 return EXIT_REFUSED
         else:
             embedded = EmbeddedRedis(data_dir)
@@ -341,7 +383,13 @@ def cmd_init(args: argparse.Namespace) -> int:
     url, embedded = _cli_redis_url(settings)
     try:
         result = asyncio.run(
-            _init(url, data_dir / "fencegate.state", auto=False, confirm=args.confirm_data_loss)
+            _init(
+                url,
+                data_dir / "fencegate.state",
+                auto=False,
+                confirm=args.confirm_data_loss,
+                cluster=settings.redis.cluster,
+            )
         )
     finally:
         if embedded is not None:
@@ -440,7 +488,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     url, embedded = _cli_redis_url(settings)
 
     async def run() -> AuditCheck:
-        async with _cli_store(url) as store:
+        async with _cli_store(url, cluster=settings.redis.cluster) as store:
             return await store.verify_audit(
                 keys=keys,
                 anchor_files=files,
@@ -625,4 +673,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fencegate: {exc.code}: {exc.detail}", file=sys.stderr)
         return EXIT_RUNTIME
     return code
-

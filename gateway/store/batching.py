@@ -24,7 +24,10 @@ Semantics are those of one command at a time, per command:
   failure fails every command still without a reply and drops the connection
   (its state is unknown), never re-sending;
 * a caller that gives up (its request was cancelled) does not disturb the
-  batch: its reply is read and dropped, so the connection stays in step.
+  batch: its reply is read and dropped, so the connection stays in step;
+* a command marked ``asking`` (Cluster: the slot is being imported here, see
+  :mod:`gateway.store.router`) goes out right after an ``ASKING`` on the same
+  connection, every time it is sent (a re-send, its ``EVAL``).
 
 The batch runs in its own task, so cancelling a request never cuts a
 connection in the middle of a pipelined exchange.
@@ -33,6 +36,7 @@ connection in the middle of a pipelined exchange.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,7 +59,7 @@ MAX_BATCH = 256
 
 
 class _Call:
-    __slots__ = ("answered", "args", "future", "resend", "sent", "source")
+    __slots__ = ("answered", "args", "asking", "future", "resend", "sent", "source")
 
     def __init__(self, args: tuple[Any, ...], source: str | None, future: asyncio.Future[Any]):
         self.args = args
@@ -66,6 +70,7 @@ class _Call:
         # safe to send again when a dropped connection lost its reply: the scripts are (they
         # remember their reply per request id); a raw XADD with an automatic id is not
         self.resend = True
+        self.asking = False  # Cluster: preceded by ASKING (the slot is importing here)
 
 
 class Batcher:
@@ -102,6 +107,21 @@ class Batcher:
         future = self._enqueue(args, None)
         if not resend:
             self._pending[-1].resend = False
+        return future
+
+    def submit(
+        self,
+        args: tuple[Any, ...],
+        source: str | None,
+        *,
+        resend: bool = True,
+        asking: bool = False,
+    ) -> asyncio.Future[Any]:
+        """Any command, with the flags the Cluster router sets (``source``: an EVALSHA's)."""
+        future = self._enqueue(args, source)
+        call = self._pending[-1]
+        call.resend = resend
+        call.asking = asking
         return future
 
     def _enqueue(self, args: tuple[Any, ...], source: str | None) -> asyncio.Future[Any]:
@@ -166,7 +186,8 @@ class Batcher:
             call.sent = True
             todo.append(call)
         missing: list[_Call] = []
-        for call, reply in zip(todo, await _roundtrip(conn, [c.args for c in todo]), strict=True):
+        replies = await _roundtrip(conn, [c.args for c in todo], [c.asking for c in todo])
+        for call, reply in zip(todo, replies, strict=True):
             if isinstance(reply, NoScriptError) and call.source is not None:
                 missing.append(call)
             else:
@@ -174,7 +195,8 @@ class Batcher:
                 _settle(call, reply)
         if missing:  # the script cache was flushed: EVAL loads and runs in one go
             resend = [("EVAL", c.source, *c.args[2:]) for c in missing]
-            for call, reply in zip(missing, await _roundtrip(conn, resend), strict=True):
+            replies = await _roundtrip(conn, resend, [c.asking for c in missing])
+            for call, reply in zip(missing, replies, strict=True):
                 call.answered = True
                 _settle(call, reply)
 
@@ -189,16 +211,34 @@ class Batcher:
         await self._pool.disconnect()
 
 
-async def _roundtrip(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+_ASKING = hiredis.pack_command(("ASKING",))
+
+
+async def _roundtrip(
+    conn: Any, commands: list[tuple[Any, ...]], asking: Sequence[bool] = ()
+) -> list[Any]:
     """Send commands in one write; read one reply each (an error reply is returned, not raised).
+    A command flagged in ``asking`` is preceded by ``ASKING``, whose own reply is dropped.
 
     Packed by hiredis (C); redis-py's asyncio connection packs in Python, which
     was the largest Redis cost left in the profile once writes were batched.
     """
-    packed = b"".join([hiredis.pack_command(c) for c in commands])
+    if any(asking):
+        parts = []
+        for command, ask in zip(commands, asking, strict=True):
+            if ask:
+                parts.append(_ASKING)
+            parts.append(hiredis.pack_command(command))
+        packed = b"".join(parts)
+    else:
+        asking = ()
+        packed = b"".join([hiredis.pack_command(c) for c in commands])
     await conn.send_packed_command(packed, check_health=False)
     replies: list[Any] = []
-    for _ in commands:
+    for i in range(len(commands)):
+        if asking and asking[i]:
+            with contextlib.suppress(ResponseError):  # the command's own reply says what happened
+                await conn.read_response()  # +OK of ASKING
         try:
             replies.append(await conn.read_response())
         except ResponseError as exc:

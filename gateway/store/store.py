@@ -32,8 +32,18 @@ import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.core.errors import (
@@ -69,6 +79,7 @@ from gateway.core.tokens import MAX_GENERATION
 from gateway.store import durability, statefile
 from gateway.store.anchors import note_audit
 from gateway.store.batching import Batcher, NotSent
+from gateway.store.cluster import all_markers, connect_cluster, is_cluster, router_for
 from gateway.store.keys import (
     MARKER,
     RELAY_TENANTS,
@@ -78,6 +89,7 @@ from gateway.store.keys import (
     relay_hint,
     relay_queue,
 )
+from gateway.store.router import ClusterRouter
 
 __all__ = [
     "Admitted",
@@ -110,7 +122,13 @@ SCRIPT_NAMES = (
     "void-3",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
-_UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
+_UNAVAILABLE_PREFIXES = (
+    "OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN", "CLUSTERDOWN",
+    "TRYAGAIN",
+)  # fmt: skip
+# Cluster refusals redis-py raises with the code stripped (the router retries MOVED/ASK/TRYAGAIN
+# and turns what is left into NotRun; redis-py's own client raises these past its retries)
+_CLUSTER_REFUSALS = (ClusterDownError, TryAgainError, AskError, ClusterError)
 
 
 _REJECTIONS: dict[str, type[FencegateError]] = {
@@ -150,7 +168,10 @@ def _lua_source(name: str) -> str:
 
 _FEED_FIELDS = ("step", "reason", "presented", "current", "worker_id", "adapter")
 
-_REDIS_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, ResponseError)
+_REDIS_FAILURES = (
+    RedisConnectionError, RedisTimeoutError, OSError, ResponseError, ClusterError,
+    RedisClusterException,
+)  # fmt: skip
 
 
 def _oom(exc: Exception) -> bool:
@@ -166,6 +187,8 @@ def _unavailable(exc: Exception) -> StoreUnavailable | None:
     ``OutOfMemoryError`` whose text starts "command not allowed"), and an error inside a
     script comes back as "Error running script … -OOM command not allowed …": all three
     forms are Redis refusing to serve, not a bug (503, never 500)."""
+    if isinstance(exc, _CLUSTER_REFUSALS):
+        return StoreUnavailable(f"Redis Cluster refused the command: {type(exc).__name__} {exc}")
     if isinstance(exc, ResponseError):
         text = str(exc)
         if (
@@ -248,14 +271,21 @@ class Store:
             name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
             for name, src in self._sources.items()
         }
-        self._batcher = Batcher(client)
+        self._batcher: Batcher | ClusterRouter = (
+            router_for(client, self.slot_seen) if is_cluster(client) else Batcher(client)  # type: ignore[arg-type]
+        )
 
     async def aclose(self) -> None:
         """Finish the pipelined batches in flight and close their connections."""
         await self._batcher.aclose()
 
     @property
-    def batcher(self) -> Batcher:
+    def cluster(self) -> bool:
+        """Redis/Valkey Cluster (``[redis] cluster = true``): scripts go through the router."""
+        return isinstance(self._batcher, ClusterRouter)
+
+    @property
+    def batcher(self) -> Batcher | ClusterRouter:
         """The auto-pipeline every script and the audit feed go through."""
         return self._batcher
 
@@ -389,11 +419,29 @@ class Store:
         if await self._guard(lambda: self._client.get(MARKER)) is None:
             return False
         self.marker_missing_detail = MARKER_MISSING  # initialised (by `fencegate init`) since
+        if self.cluster:  # every slot's marker is its epoch (gateway.store.durability)
+            return await self._guard(self._cluster_marks_check)
         if not await self._guard(
             lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
         ):
             return False
         return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
+
+    async def _cluster_marks_check(self) -> bool:
+        """Cluster: read all 16,384 markers through the router (so they wait for whatever the
+        scripts' replies wait for), compare them with the marks, then keep them as marks."""
+        assert isinstance(self._batcher, ClusterRouter)
+        current = await all_markers(self._batcher)
+        marks = durability.read_marks(self._state_file)
+        for slot, mark in self.slot_seen.items():
+            marks[slot] = max(mark, marks.get(slot, 0))
+        if not await durability.compare_marks(self._client, marks, current):
+            return False
+        for slot, value in current.items():
+            counter = durability.counter_of(value)
+            if counter and counter > self.slot_seen.get(slot, 0):
+                self.slot_seen[slot] = counter
+        return True
 
     async def ready(self) -> dict[str, bool]:
         """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
@@ -412,6 +460,9 @@ class Store:
             if checks["marker"]:
                 await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
                 checks["writable"] = True
+            if isinstance(self._batcher, ClusterRouter):  # every slot served, every primary up
+                checks["cluster"] = False
+                checks["cluster"] = await self._guard(self._batcher.healthy)
         except (StoreUnavailable, RedisError):
             pass
         return checks
@@ -875,13 +926,19 @@ class Store:
         return entries, next_cursor
 
 
-def connect(url: str, *, timeout: float, max_connections: int) -> aioredis.Redis:
-    """A redis-py client with one shared pool.
+def connect(
+    url: str, *, timeout: float, max_connections: int, cluster: bool = False
+) -> aioredis.Redis:
+    """A redis-py client with one shared pool (``cluster``: redis-py's ``RedisCluster`` for the
+    seeds in ``url``, see :mod:`gateway.store.cluster`; it serves the same commands).
 
     Only connection errors are retried (twice, quickly): a command that timed
     out may have run, so it is never re-sent blindly; admit and record are safe
     to re-run with the same dispatch id when a reset connection lost the reply.
     """
+    if cluster:
+        client = connect_cluster(url, timeout=timeout, max_connections=max_connections)
+        return client  # type: ignore[return-value]  # the same command API
     retry = Retry(ExponentialBackoff(cap=0.2, base=0.01), 2, (RedisConnectionError,))
     # A blocking pool: under a burst, requests wait (up to `timeout`) for a
     # connection instead of failing with "Too many connections".
