@@ -37,11 +37,13 @@ __all__ = [
     "ClusterClient",
     "all_markers",
     "connect_cluster",
+    "delete_slots",
     "is_cluster",
     "mget_slots",
     "mset_slots",
     "node_addresses",
     "parse_seeds",
+    "per_slot",
     "router_for",
 ]
 
@@ -69,11 +71,24 @@ def parse_seeds(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
 
 
 class ClusterClient(aioredis.RedisCluster):
-    """redis-py's asyncio ``RedisCluster``, remembering how the router should connect."""
+    """redis-py's asyncio ``RedisCluster``, remembering how the router should connect; its own
+    router (:attr:`router`) sends the per-slot bulk commands (markers), hiredis-packed."""
 
     fencegate_seeds: list[tuple[str, int]]
     fencegate_kwargs: dict[str, Any]
     fencegate_max_connections: int
+    _fencegate_router: ClusterRouter | None = None
+
+    @property
+    def router(self) -> ClusterRouter:
+        if self._fencegate_router is None:
+            self._fencegate_router = router_for(self, {})
+        return self._fencegate_router
+
+    async def aclose(self) -> None:
+        if self._fencegate_router is not None:
+            await self._fencegate_router.aclose()
+        await super().aclose()
 
 
 def connect_cluster(url: str, *, timeout: float, max_connections: int) -> ClusterClient:
@@ -120,31 +135,44 @@ def router_for(client: ClusterClient, slot_seen: Mapping[int, int]) -> ClusterRo
     )
 
 
+async def per_slot(router: ClusterRouter, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Single-key commands of many slots, each to its primary, 1,024 at a time (pipelined per
+    node by the router's batchers)."""
+    out: list[Any] = []
+    for start in range(0, len(commands), 1024):
+        chunk = commands[start : start + 1024]
+        out += await asyncio.gather(*(router.execute(*c) for c in chunk))
+    return out
+
+
 async def mget_slots(client: Any, keys: Sequence[str]) -> list[Any]:
-    """``MGET`` of keys of many slots: one command on standalone; on Cluster one ``MGET`` per
-    slot, pipelined per node (redis-py's ``mget_nonatomic``)."""
-    if is_cluster(client):
-        return list(await client.mget_nonatomic(list(keys)))
+    """``MGET`` of keys of many slots: one command on standalone; on Cluster one ``GET`` per
+    key, pipelined per node."""
+    if isinstance(client, ClusterClient):
+        return await per_slot(client.router, [("GET", k) for k in keys])
     return list(await client.mget(list(keys)))
 
 
 async def mset_slots(client: Any, mapping: Mapping[str, str]) -> None:
     """``MSET`` of keys of many slots (as :func:`mget_slots`)."""
-    if is_cluster(client):
-        await client.mset_nonatomic(dict(mapping))
+    if isinstance(client, ClusterClient):
+        await per_slot(client.router, [("SET", k, v) for k, v in mapping.items()])
     else:
         await client.mset(dict(mapping))
 
 
+async def delete_slots(client: Any, keys: Sequence[str]) -> None:
+    """``DEL`` of keys of many slots (as :func:`mget_slots`)."""
+    if isinstance(client, ClusterClient):
+        await per_slot(client.router, [("DEL", k) for k in keys])
+    else:
+        await client.delete(*keys)
+
+
 async def all_markers(router: ClusterRouter) -> dict[int, str | None]:
-    """Every slot's durability marker, one ``GET`` per slot through the router (pipelined per
-    primary, 1,024 slots at a time)."""
-    out: dict[int, str | None] = {}
-    for start in range(0, SLOTS, 1024):
-        slots = range(start, min(start + 1024, SLOTS))
-        values = await asyncio.gather(*(router.execute("GET", slot_marker(s)) for s in slots))
-        out.update(zip(slots, values, strict=True))
-    return out
+    """Every slot's durability marker, one ``GET`` per slot through ``router``."""
+    values = await per_slot(router, [("GET", slot_marker(s)) for s in range(SLOTS)])
+    return dict(enumerate(values))
 
 
 def node_addresses(url: str, timeout: float = 5.0) -> list[tuple[str, int, str]]:

@@ -39,7 +39,7 @@ import structlog
 from gateway.store import anchors as audit_anchor
 from gateway.store import statefile
 from gateway.store.anchors import AnchorCheck
-from gateway.store.cluster import is_cluster, mget_slots, mset_slots
+from gateway.store.cluster import delete_slots, is_cluster, mget_slots, mset_slots
 from gateway.store.keys import EPOCH, MARKER, PREFIX, SLOTS, slot_marker
 
 __all__ = [
@@ -230,11 +230,11 @@ async def epoch_check(client: aioredis.Redis, state_file: Path | None) -> bool:
 
 
 async def quarantine(client: aioredis.Redis) -> None:
-    """Remove every marker (on Cluster redis-py sends one ``DEL`` per slot, per node)."""
+    """Remove every marker (on Cluster one ``DEL`` per slot, pipelined per node)."""
     await client.delete(MARKER)
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
-        await client.delete(*markers[i : i + 2048])
+        await delete_slots(client, markers[i : i + 2048])
 
 
 async def verify_audit(

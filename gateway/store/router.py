@@ -69,6 +69,21 @@ class NotRun(NotSent):
     bound, CLUSTERDOWN, no node serving the slot): nothing was done."""
 
 
+_REDIRECTED = (AskError, TryAgainError, ClusterDownError, RedisConnectionError)
+
+
+def _copy(task: asyncio.Future[Any], outer: asyncio.Future[Any]) -> None:
+    if outer.done():
+        if not task.cancelled():
+            task.exception()
+    elif task.cancelled():
+        outer.cancel()
+    elif (error := task.exception()) is not None:
+        outer.set_exception(error)
+    else:
+        outer.set_result(task.result())
+
+
 def key_slot_of(key: str) -> int:
     """A key's slot by Redis's hash tag rule: the part between the first ``{`` and the next
     ``}`` when that is not empty, else the whole key."""
@@ -131,14 +146,16 @@ class ClusterRouter:
     def commands(self) -> int:
         return self._retired_commands + sum(b.commands for b in self._nodes.values())
 
-    async def evalsha(self, sha: str, source: str, keys: Sequence[str], args: Sequence[str]) -> Any:
+    def evalsha(
+        self, sha: str, source: str, keys: Sequence[str], args: Sequence[str]
+    ) -> asyncio.Future[Any]:
         """Run a script on its slot's primary (``EVAL`` there if that node lacks it)."""
         command = ("EVALSHA", sha, len(keys), *keys, *args)
-        return await self._send(key_slot_of(keys[0]), command, source, True)
+        return self._send(key_slot_of(keys[0]), command, source, True)
 
-    async def execute(self, *args: Any, resend: bool = True) -> Any:
+    def execute(self, *args: Any, resend: bool = True) -> asyncio.Future[Any]:
         """A single-key command (the key is ``args[1]``) on that key's primary."""
-        return await self._send(key_slot_of(str(args[1])), args, None, resend)
+        return self._send(key_slot_of(str(args[1])), args, None, resend)
 
     def execute_on(self, node: str, *args: Any) -> asyncio.Future[Any]:
         """A command for one node itself (``SCAN``, ``PING``), pipelined with its tick."""
@@ -180,16 +197,40 @@ class ClusterRouter:
             batcher = self._nodes[addr] = Batcher(aioredis.Redis(connection_pool=pool))
         return batcher
 
-    async def _send(
+    def _send(
         self, slot: int, command: tuple[Any, ...], source: str | None, resend: bool
-    ) -> Any:
+    ) -> asyncio.Future[Any]:
+        """The hot path: the command joins its primary's batch of this tick; a future (no task)
+        that a redirection, if any, resolves later."""
         owner = self.owners[slot]
-        if owner is not None:  # the hot path: one await on the node's batch
-            try:
-                return await self._node(owner).submit(command, source, resend=resend)
-            except (AskError, TryAgainError, ClusterDownError, RedisConnectionError) as exc:
-                return await self._redirected(slot, command, source, resend, owner, exc)
-        return await self._redirected(slot, command, source, resend, None, None)
+        if owner is None:
+            return asyncio.ensure_future(
+                self._redirected(slot, command, source, resend, None, None)
+            )
+        inner = self._node(owner).submit(command, source, resend=resend)
+        outer: asyncio.Future[Any] = inner.get_loop().create_future()
+
+        def settle(done: asyncio.Future[Any]) -> None:
+            if outer.done():  # the caller gave up
+                if not done.cancelled():
+                    done.exception()  # retrieved: no "never retrieved" warning
+                return
+            if done.cancelled():
+                outer.cancel()
+                return
+            error = done.exception()
+            if error is None:
+                outer.set_result(done.result())
+            elif isinstance(error, _REDIRECTED):
+                task = asyncio.ensure_future(
+                    self._redirected(slot, command, source, resend, owner, error)
+                )
+                task.add_done_callback(lambda t: _copy(t, outer))
+            else:
+                outer.set_exception(error)
+
+        inner.add_done_callback(settle)
+        return outer
 
     async def _redirected(
         self,
@@ -249,7 +290,7 @@ class ClusterRouter:
                 return await self._node(target).submit(
                     command, source, resend=resend, asking=asking is not None
                 )
-            except (AskError, TryAgainError, ClusterDownError, RedisConnectionError) as exc:
+            except _REDIRECTED as exc:
                 error = exc
         assert error is not None
         if may_have_run:  # the store treats it as "may have been applied" (maybe_applied)
