@@ -63,7 +63,9 @@ async def make_gateway(redis_url: str, upstream: Upstream, tmp_path: Path) -> As
         sections["redis"] = {"cluster": True, **sections.get("redis", {})}
         settings = gateway_settings(redis_url, upstream.url, tmp_path, **sections)
         app = create_app(
-            settings, redis_url=settings.redis.url, state_file=tmp_path / "state" / "fencegate.state"
+            settings,
+            redis_url=settings.redis.url,
+            state_file=tmp_path / "state" / "fencegate.state",
         )
         client = TestClient(TestServer(app, host="127.0.0.1", port=0))
         await client.start_server()
