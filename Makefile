@@ -50,6 +50,7 @@ hostile: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.cluster $(BENCH_CLUSTER_ARGS)
 
 profile: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[profile]'
