@@ -36,9 +36,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 import structlog
 
-from gateway.store import anchors as audit_anchor
-from gateway.store import statefile
-from gateway.store.anchors import AnchorCheck
+from gateway.store import anchor_check, statefile
+from gateway.store.anchor_check import AnchorCheck
 from gateway.store.cluster import delete_slots, is_cluster, mget_slots, mset_slots
 from gateway.store.keys import EPOCH, MARKER, PREFIX, SLOTS, slot_marker
 
@@ -247,6 +246,6 @@ async def verify_audit(
     """Recompute every job's audit hash chain, with the audit key(s) when given, and check the
     anchors of chain heads kept outside Redis (``fencegate audit verify``; see
     :func:`gateway.store.anchors.verify` for what is and is not detected)."""
-    return await audit_anchor.verify(
+    return await anchor_check.verify(
         client, keys=keys, anchor_files=anchor_files, retention_seconds=retention_seconds
     )

@@ -25,9 +25,10 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from structlog.testing import capture_logs
 
-from gateway.cli.main import _configured_secrets, _tenant
+from gateway.cli.main import _tenant
+from gateway.cli.serve import _configured_secrets
 from gateway.core.errors import InvalidRequest
-from gateway.http.views import _worker_id
+from gateway.http.parsing import _worker_id
 from gateway.runtime.settings import ConfigError, load_settings
 from gateway.store.embedded import free_port
 from tests.conftest import Gateway, Upstream, key_digest

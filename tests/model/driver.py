@@ -7,7 +7,7 @@ explorer (:mod:`tests.model.explore`) and the invariants
 Every step is ONE call of :class:`gateway.store.store.Store` against a real
 redis-server (at most one Lua script per step: each script is atomic, so the
 interleavings are over steps), or one gateway-side action (a downstream send).
-Each step function names the service code it mirrors (``gateway/service.py``
+Each step function names the service code it mirrors (``gateway/fencing/``
 of fe3ffa8 and after: the relay under the fence, re-send-safe scripts).
 
 Faults on the wire are injected by :class:`Wire`, which stands where
@@ -43,7 +43,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-import gateway.store.store as store_module
+import gateway.store.scripts as store_module
 from gateway.core.errors import (
     EffectNotUnknown,
     FencegateError,
