@@ -24,7 +24,12 @@ Semantics are those of one command at a time, per command:
   failure fails every command still without a reply and drops the connection
   (its state is unknown), never re-sending;
 * a caller that gives up (its request was cancelled) does not disturb the
-  batch: its reply is read and dropped, so the connection stays in step.
+  batch: its reply is read and dropped, so the connection stays in step;
+* with ``[redis] replicas_acked = R`` (an :class:`~gateway.replication.AckPolicy`), the
+  batch ends with a covering write, ``WAIT`` and ``WAITAOF`` in the same write on the same
+  connection, and no reply is handed out before they say the primary and R replicas
+  fsynced it; otherwise every command of the batch fails with
+  :class:`~gateway.replication.NotReplicated` (see :mod:`gateway.replication`).
 
 The batch runs in its own task, so cancelling a request never cuts a
 connection in the middle of a pipelined exchange.
@@ -42,6 +47,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.replication import AckPolicy, AckStatus, first_key
+
 __all__ = ["Batcher", "NotSent"]
 
 
@@ -55,13 +62,14 @@ MAX_BATCH = 256
 
 
 class _Call:
-    __slots__ = ("answered", "args", "future", "resend", "sent", "source")
+    __slots__ = ("answered", "args", "future", "reply", "resend", "sent", "source")
 
     def __init__(self, args: tuple[Any, ...], source: str | None, future: asyncio.Future[Any]):
         self.args = args
         self.source = source  # the script's source when args is an EVALSHA
         self.future = future
         self.answered = False  # a reply (or error reply) was read for it
+        self.reply: Any = None  # handed out once the batch is acknowledged (replicas_acked)
         self.sent = False  # written to a connection at least once
         # safe to send again when a dropped connection lost its reply: the scripts are (they
         # remember their reply per request id); a raw XADD with an automatic id is not
@@ -71,7 +79,7 @@ class _Call:
 class Batcher:
     """Queues commands per event-loop tick and sends each tick's queue as one pipeline."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, ack: AckPolicy | None = None) -> None:
         # Its own pool, like the client's but without a per-socket-operation timeout:
         # redis-py implements that with a wait_for (a task) per send and a timer per
         # reply; the batcher bounds the whole exchange with one timeout instead.
@@ -90,6 +98,9 @@ class Batcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # counters for the metrics and the tests
         self.commands = 0
+        self.ack = ack  # None: a reply is handed out as soon as it is read (replicas_acked 0)
+        host = source.connection_kwargs.get("host") or source.connection_kwargs.get("path", "")
+        self.ack_status = AckStatus(node=f"{host}:{source.connection_kwargs.get('port', '')}")
 
     def evalsha(
         self, sha: str, source: str, keys: Sequence[str], args: Sequence[str]
@@ -165,18 +176,44 @@ class Batcher:
                 continue
             call.sent = True
             todo.append(call)
+        # the acknowledgement's tail goes in the same write (also when everything was answered
+        # before a dropped connection: the tail must run again on this one)
+        tail = self._tail(calls)
+        replies = await _roundtrip(conn, [*(c.args for c in todo), *tail])
+        acked = replies[len(todo) :]
         missing: list[_Call] = []
-        for call, reply in zip(todo, await _roundtrip(conn, [c.args for c in todo]), strict=True):
+        for call, reply in zip(todo, replies, strict=False):
             if isinstance(reply, NoScriptError) and call.source is not None:
                 missing.append(call)
             else:
                 call.answered = True
-                _settle(call, reply)
+                call.reply = reply
         if missing:  # the script cache was flushed: EVAL loads and runs in one go
             resend = [("EVAL", c.source, *c.args[2:]) for c in missing]
-            for call, reply in zip(missing, await _roundtrip(conn, resend), strict=True):
+            replies = await _roundtrip(conn, [*resend, *tail])
+            acked = replies[len(missing) :]
+            for call, reply in zip(missing, replies, strict=False):
                 call.answered = True
-                _settle(call, reply)
+                call.reply = reply
+        if self.ack is not None:
+            reason = self.ack.check(acked)
+            self.ack_status.note(not reason, reason, len(calls))
+            if reason:  # not one reply of this batch may leave: they all depend on it
+                failure = self.ack.failure(reason)
+                for call in calls:
+                    _settle(call, failure)
+                return
+        for call in calls:
+            if call.answered:
+                _settle(call, call.reply)
+
+    def _tail(self, calls: list[_Call]) -> list[tuple[Any, ...]]:
+        if self.ack is None:
+            return []
+        for call in calls:  # the covering write goes to the slot of a key of this batch
+            if (key := first_key(call.args)) is not None:
+                return list(self.ack.tail(key))
+        return list(self.ack.tail("fg"))
 
     async def aclose(self) -> None:
         """Wait for the batches in flight, then close the connections (shutdown). A tick's queue

@@ -95,3 +95,17 @@ class _BatcherCollector(Collector):
             "Commands sent through the auto-pipeline (scripts and audit feed copies).",
             value=self._batcher.commands,
         )
+        status = self._batcher.ack_status
+        if self._batcher.ack is not None:  # [redis] replicas_acked > 0
+            yield CounterMetricFamily(
+                "fencegate_replica_ack_failed_batches",
+                "Pipelined batches whose writes the primary and replicas_acked replicas did not "
+                "acknowledge (WAIT/WAITAOF) in time: every reply of the batch became a 503.",
+                value=status.failed_batches,
+            )
+            yield CounterMetricFamily(
+                "fencegate_replica_ack_failed_commands",
+                "Commands (scripts) whose verdict was withheld because their batch was not "
+                "acknowledged by the replicas (answered 503 store_unavailable).",
+                value=status.failed_commands,
+            )

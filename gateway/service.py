@@ -198,14 +198,16 @@ class EffectService:
             if not exc.maybe_applied:
                 raise
             failure = exc
-        # The admit was sent and not answered: it may have run. Once more, same request id.
-        await asyncio.sleep(0.05)
-        try:
-            return await self._store.admit(
-                keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
-            )
-        except StoreUnavailable:
-            pass  # the first one may still have run
+        # The admit was sent and not answered: it may have run. Once more, same request id
+        # (not when it ran and only its replicas did not acknowledge: that would only wait again).
+        if not failure.unacknowledged:
+            await asyncio.sleep(0.05)
+            try:
+                return await self._store.admit(
+                    keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
+                )
+            except StoreUnavailable:
+                pass  # the first one may still have run
         if payload_json:
             raise StoreUnavailable(
                 "Redis did not answer the admit: the call may have been queued for the relay. "
@@ -545,6 +547,8 @@ class EffectService:
                 maybe = maybe or exc.maybe_applied
                 if not maybe:
                     return None
+                if exc.unacknowledged:  # it ran; its replicas lag: sending again only waits
+                    break
         if not await self._void(keys, step, dispatch_id):
             self._voids.add((keys, step, dispatch_id))
         return None

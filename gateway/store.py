@@ -77,6 +77,7 @@ from gateway.records import (
     Replay,
     Unknown,
 )
+from gateway.replication import AckPolicy, NotReplicated
 from gateway.tokens import MAX_GENERATION
 
 __all__ = [
@@ -177,6 +178,10 @@ def _unavailable(exc: Exception) -> StoreUnavailable | None:
                 return StoreUnavailable("Redis is out of memory (maxmemory): nothing was done")
             return StoreUnavailable(f"Redis refused the command: {exc}")
         return None
+    if isinstance(exc, NotReplicated):  # the script ran; its reply must not leave (replicas)
+        unacked = StoreUnavailable(str(exc))
+        unacked.unacknowledged = True
+        return unacked
     return StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}")
 
 
@@ -225,6 +230,7 @@ class Store:
         state_file: Path | None = None,
         request_memory_seconds: float = 60.0,
         audit_key: str = "",
+        ack: AckPolicy | None = None,
     ) -> None:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
@@ -248,7 +254,10 @@ class Store:
             name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
             for name, src in self._sources.items()
         }
-        self._batcher = Batcher(client)
+        self._batcher = Batcher(client, ack)
+        # the problems of the last replication topology check (gateway.topology); None: not
+        # checked (replicas_acked 0)
+        self.topology_problems: list[str] | None = None
 
     async def aclose(self) -> None:
         """Finish the pipelined batches in flight and close their connections."""
@@ -399,6 +408,10 @@ class Store:
         """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
         a write (a probe key with a TTL: not ready while Redis is out of memory)."""
         checks = {"redis": False, "scripts": False, "marker": False, "writable": False}
+        acking = self._batcher.ack is not None
+        if acking:  # replicas_acked: the probe write must be acknowledged by the replicas too
+            checks["replicas_acked"] = False
+            checks["topology"] = self.topology_problems == []
         try:
             await self._guard(self._client.ping)
             checks["redis"] = True
@@ -412,6 +425,10 @@ class Store:
             if checks["marker"]:
                 await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
                 checks["writable"] = True
+                if acking:  # through the auto-pipeline: its tail is what the verdicts wait for
+                    probe = ("SET", READY_PROBE, "1", "PX", "10000")
+                    await self._guard(lambda: self._batcher.execute(*probe))
+                    checks["replicas_acked"] = True
         except (StoreUnavailable, RedisError):
             pass
         return checks
