@@ -82,7 +82,7 @@ class AdapterConfig(BaseModel):
     tenants: tuple[str, ...] = ("*",)
     # Downstream key "<tenant>/<job>:<step>" (true) or "<job>:<step>" (false). Unset, the
     # gateway decides: tenant-qualified whenever the deployment has more than one tenant.
-    # In such a deployment false is refused at start (gateway.tenancy); the gateway hands
+    # In such a deployment false is refused at start (gateway.fencing.tenancy); the gateway hands
     # every adapter the resolved value.
     tenant_in_key: bool | None = None
 

@@ -17,7 +17,7 @@ import aiohttp
 from multidict import CIMultiDictProxy
 
 from adapters.base import NotDelivered, Unknown
-from gateway.fastjson import loads_exact
+from gateway.core.fastjson import loads_exact
 
 __all__ = ["Response", "request", "send_trace"]
 

@@ -8,7 +8,7 @@
 * ``replay`` (row L4): the same server doing only what a replay cannot skip —
   match the path, parse and validate the body, digest the intent, run the
   admit script through the gateway's own auto-pipelined
-  :class:`~gateway.store.Store`, render the stored result. No authentication,
+  :class:`~gateway.store.store.Store`, render the stored result. No authentication,
   no metrics, no log line, no request id, no problem documents;
 * ``raw`` (row L5): the same replay on a bare ``asyncio.Protocol`` with a
   minimal HTTP/1.1 parse (request line, headers, Content-Length body, keep-alive
@@ -33,11 +33,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.intents import intent_digest
-from gateway.keys import JobKeys
-from gateway.models import EffectBody
-from gateway.records import Replay
-from gateway.store import Store, connect
+from gateway.core.intents import intent_digest
+from gateway.core.records import Replay
+from gateway.http.models import EffectBody
+from gateway.store.keys import JobKeys
+from gateway.store.store import Store, connect
 
 _NAME = r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})"
 _PATH = re.compile(rf"^/v1/jobs/{_NAME}/effects/{_NAME}$")

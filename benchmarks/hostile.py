@@ -35,7 +35,7 @@ import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from gateway.embedded import free_port, socket_of
+from gateway.store.embedded import free_port, socket_of
 
 KEYS = {"a": "hostile-tenant-a-key", "b": "hostile-tenant-b-key"}
 

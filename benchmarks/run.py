@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from benchmarks.loadgen import LeanClient
-from gateway.embedded import EmbeddedRedis, free_port
-from gateway.keys import JobKeys
-from gateway.store import Store, connect
+from gateway.store.embedded import EmbeddedRedis, free_port
+from gateway.store.keys import JobKeys
+from gateway.store.store import Store, connect
 
 T = TypeVar("T")
 # BENCH_RESULTS: somewhere else than the committed history (the tests' short runs)
@@ -361,7 +361,7 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     admit_sha, record_sha = store._shas["admit-5"], store._shas["record-2"]
 
     def trailer(rid: str) -> tuple[list[str], list[str]]:
-        """The prelude's trailer every script call carries (see gateway/lua/_prelude.lua)."""
+        """The prelude's trailer every script call carries (see gateway/store/lua/_prelude.lua)."""
         return [keys.req(rid), keys.marker], [rid, "60000", "0", ""]
 
     async def admit_raw(i: int, prefix: str = "s") -> None:  # a new step each: a real write

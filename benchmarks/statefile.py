@@ -13,9 +13,9 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from gateway import durability, statefile
-from gateway.embedded import EmbeddedRedis
-from gateway.keys import SLOTS
+from gateway.store import durability, statefile
+from gateway.store.embedded import EmbeddedRedis
+from gateway.store.keys import SLOTS
 
 
 def timed(fn: Callable[[], object], n: int) -> str:

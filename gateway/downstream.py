@@ -37,8 +37,8 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from gateway.errors import InvalidRequest, StaleGeneration
-from gateway.tokens import parse_unsigned_token
+from gateway.core.errors import InvalidRequest, StaleGeneration
+from gateway.core.tokens import parse_unsigned_token
 
 __all__ = ["FenceKeeper", "MemoryFenceKeeper", "RedisFenceKeeper", "fencing_middleware"]
 

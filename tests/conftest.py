@@ -20,9 +20,9 @@ import redis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
-from gateway.embedded import EmbeddedRedis, free_port
-from gateway.settings import Settings, load_settings
+from gateway.http.app import create_app
+from gateway.runtime.settings import Settings, load_settings
+from gateway.store.embedded import EmbeddedRedis, free_port
 
 
 def _snapshot(state: Path) -> tuple[int, bytes] | None:

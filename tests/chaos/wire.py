@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.embedded import free_port
+from gateway.store.embedded import free_port
 
 WIRE_MODES = ("drop_after_request", "hold_reply", "hold_request", "reset")
 

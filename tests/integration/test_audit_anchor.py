@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from gateway.audit_anchor import anchor_mac, key_id
-from gateway.records import chain_hash
-from gateway.settings import ConfigError
+from gateway.core.records import chain_hash
+from gateway.runtime.settings import ConfigError
+from gateway.store.anchors import anchor_mac, key_id
 from tests.conftest import Gateway
 from tests.integration.test_serve import Serve, write_config
 

@@ -1,4 +1,4 @@
-"""The auto-pipeline (gateway.batching) against a real redis-server: one write per tick, and
+"""The auto-pipeline (gateway.store.batching) against a real redis-server: one write per tick, and
 per-command semantics — own reply, own error, NOSCRIPT, cancelled callers, dropped connections,
 timeouts — exactly as if each command had been sent alone."""
 
@@ -16,8 +16,8 @@ import redis
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.batching import MAX_BATCH, Batcher
-from gateway.store import connect
+from gateway.store.batching import MAX_BATCH, Batcher
+from gateway.store.store import connect
 
 ECHO = "redis.call('INCR', KEYS[2]) return {KEYS[1], ARGV[1]}"
 MAYBE_FAIL = (

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.client import FencedJob, Scheduler
-from gateway.settings import ConfigError, load_settings
+from gateway.runtime.settings import ConfigError, load_settings
 from tests.conftest import Gateway, Upstream, key_digest
 from tests.integration.test_bad_input import snapshot
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.demo import Sinks, _report
+from gateway.cli.demo import Sinks, _report
 from tests.conftest import Gateway
 
 

@@ -27,7 +27,7 @@ from gateway.client import (
     UnknownAdapter,
     UnregisteredGeneration,
 )
-from gateway.embedded import free_port
+from gateway.store.embedded import free_port
 from tests.conftest import Gateway, Upstream
 
 

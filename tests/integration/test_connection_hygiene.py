@@ -126,8 +126,8 @@ def test_file_descriptor_soft_limit_is_raised_to_the_hard_limit(
 
 _FLOOD = """
 import logging, time
-from gateway.connections import bridge_stdlib_logging
-from gateway.logging import configure_logging
+from gateway.http.connections import bridge_stdlib_logging
+from gateway.runtime.logging import configure_logging
 configure_logging(json=True)
 bridge_stdlib_logging(per_second=5)
 for _ in range(1000):

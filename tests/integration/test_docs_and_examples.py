@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gateway.settings import load_settings
+from gateway.runtime.settings import load_settings
 from tests.conftest import Gateway, Upstream
 from tests.docs import docs_text
 

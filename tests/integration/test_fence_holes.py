@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gateway import appkeys as K
-from gateway.embedded import EmbeddedRedis, free_port
-from gateway.intents import intent_digest
-from gateway.keys import JobKeys
-from gateway.records import Admitted
+from gateway.core.intents import intent_digest
+from gateway.core.records import Admitted
+from gateway.http import appkeys as K
+from gateway.store.embedded import EmbeddedRedis, free_port
+from gateway.store.keys import JobKeys
 from tests.conftest import Gateway, Received, Upstream
 from tests.wire import WireProxy
 

@@ -27,8 +27,8 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from gateway.embedded import free_port
-from gateway.openapi import build_openapi
+from gateway.http.openapi import build_openapi
+from gateway.store.embedded import free_port
 
 CANARY = "sk_live_CANARY_7d1f0c2a9b"
 SEED = int(os.environ.get("FENCEGATE_FUZZ_SEED", "20261130"))

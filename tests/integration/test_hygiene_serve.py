@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway import embedded
-from gateway.embedded import EmbeddedRedis, find_redis_server, free_port
+from gateway.store import embedded
+from gateway.store.embedded import EmbeddedRedis, find_redis_server, free_port
 from tests.integration.test_serve import Serve, alive, children_of, serves, write_config
 
 __all__ = ["serves"]  # the fixture, re-used

@@ -6,7 +6,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from gateway.logging import redactor
+from gateway.runtime.logging import redactor
 from tests.conftest import Gateway
 
 
@@ -57,7 +57,7 @@ async def test_request_log_problems_only(make_gateway: Any) -> None:
 
 _PARITY = """
 import structlog
-from gateway.logging import configure_logging, log_request
+from gateway.runtime.logging import configure_logging, log_request
 configure_logging(json=True, secrets=["s3cr3t-value"])
 class Opaque:  # not JSON: the renderer's fallback handler must turn it into its repr
     def __repr__(self): return "<opaque>"

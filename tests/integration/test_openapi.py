@@ -6,8 +6,8 @@ import json
 import re
 from typing import Any
 
-from gateway.handlers import ROUTES
-from gateway.models import Problem
+from gateway.http.models import Problem
+from gateway.http.views import ROUTES
 from tests.conftest import Gateway
 
 

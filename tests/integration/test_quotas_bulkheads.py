@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gateway.settings import Settings
+from gateway.runtime.settings import Settings
 from tests.conftest import Gateway, key_digest
 
 KEYS = {"a": "tenant-a-admin-key", "b": "tenant-b-admin-key"}

@@ -12,8 +12,8 @@ import pytest
 import redis
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
-from gateway.embedded import EmbeddedRedis
+from gateway.http.app import create_app
+from gateway.store.embedded import EmbeddedRedis
 from tests.conftest import Upstream, gateway_settings
 
 

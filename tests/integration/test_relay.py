@@ -8,9 +8,9 @@ import random
 from collections import Counter
 from typing import Any
 
-from gateway import appkeys as K
-from gateway.intents import intent_digest
-from gateway.keys import JobKeys
+from gateway.core.intents import intent_digest
+from gateway.http import appkeys as K
+from gateway.store.keys import JobKeys
 from tests.conftest import Gateway, Upstream
 
 ASYNC = {"Prefer": "respond-async"}

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
+from gateway.http.app import create_app
 from tests.chaos.wire import WireProxy
 from tests.conftest import Gateway, Upstream, gateway_settings
 from tests.valkey_replicas import ReplicaSet

@@ -23,11 +23,11 @@ import pytest
 import redis
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway import appkeys as K
-from gateway import statefile
-from gateway.app import create_app
-from gateway.embedded import EmbeddedRedis
-from gateway.keys import EPOCH, MARKER, JobKeys
+from gateway.http import appkeys as K
+from gateway.http.app import create_app
+from gateway.store import statefile
+from gateway.store.embedded import EmbeddedRedis
+from gateway.store.keys import EPOCH, MARKER, JobKeys
 from tests.conftest import Gateway, Upstream, gateway_settings
 from tests.integration.test_serve import Serve, children_of, init, wait_dead
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gateway.embedded import EmbeddedRedis, free_port
+from gateway.store.embedded import EmbeddedRedis, free_port
 
 
 def write_config(tmp: Path, extra: str = "") -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.client import FencedJob, Scheduler, mint_token
-from gateway.tokens import sign_token
+from gateway.core.tokens import sign_token
 from tests.conftest import Gateway, Upstream, key_digest
 
 SIGNING_KEY = "k" * 40
@@ -129,7 +129,7 @@ async def test_sdk_mints_tokens_for_an_external_scheduler(sgw: Gateway, upstream
 async def test_weak_signing_key_fails_the_start(
     make_gateway: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gateway.settings import ConfigError
+    from gateway.runtime.settings import ConfigError
 
     monkeypatch.setenv("TEST_WEAK_KEY", "short")
     with pytest.raises(ConfigError, match="at least 32 bytes"):

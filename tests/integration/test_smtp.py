@@ -13,7 +13,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from adapters.smtp import message_id_for
-from gateway.embedded import free_port
+from gateway.store.embedded import free_port
 from tests.conftest import Gateway
 
 

@@ -14,9 +14,9 @@ import pytest
 import redis
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app
-from gateway.embedded import EmbeddedRedis, free_port
-from gateway.store import Store, connect
+from gateway.http.app import create_app
+from gateway.store.embedded import EmbeddedRedis, free_port
+from gateway.store.store import Store, connect
 from tests.conftest import Gateway, Upstream, gateway_settings
 
 
@@ -86,7 +86,7 @@ async def test_wiped_redis_fails_closed_until_confirmed_init(
 async def test_partial_loss_of_one_slot_fails_closed_for_that_job_only(
     gw: Gateway, redis_sync: Any
 ) -> None:
-    from gateway.keys import JobKeys
+    from gateway.store.keys import JobKeys
 
     await gw.register("a", generation=1)
     await gw.register("b", generation=1)

@@ -25,11 +25,12 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from structlog.testing import capture_logs
 
-from gateway.__main__ import _configured_secrets, _tenant
-from gateway.embedded import free_port
-from gateway.errors import InvalidRequest
-from gateway.handlers import _worker_id
-from gateway.settings import ConfigError, load_settings
+from gateway.cli.main import _tenant
+from gateway.cli.serve import _configured_secrets
+from gateway.core.errors import InvalidRequest
+from gateway.http.parsing import _worker_id
+from gateway.runtime.settings import ConfigError, load_settings
+from gateway.store.embedded import free_port
 from tests.conftest import Gateway, Upstream, key_digest
 from tests.integration.test_bad_input import EFFECT, assert_untouched, snapshot
 from tests.integration.test_smtp import MAIL, Sink
@@ -344,7 +345,7 @@ async def test_webhook_header_env_must_be_set_and_clean(
     # a value with a control character stops the adapter from being built (at start)
     from adapters.base import AdapterContext
     from adapters.registry import AdapterConfigError, build_adapters
-    from gateway.settings import read_secret
+    from gateway.runtime.settings import read_secret
 
     monkeypatch.setenv("HOOK_AUTH_DIRTY", "Bearer x\x85y")
     async with aiohttp.ClientSession() as http:

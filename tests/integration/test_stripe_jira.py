@@ -11,8 +11,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from adapters.jira import key_label
-from gateway.embedded import free_port
-from gateway.settings import ConfigError
+from gateway.runtime.settings import ConfigError
+from gateway.store.embedded import free_port
 from tests.conftest import Gateway
 from tests.peers import JiraPeer, StripePeer
 

@@ -19,9 +19,9 @@ from aiosmtpd.controller import Controller
 from adapters.jira import key_label
 from adapters.registry import validate_configs
 from adapters.smtp import message_id_for
-from gateway.embedded import free_port
-from gateway.settings import ConfigError, load_settings
-from gateway.tenancy import resolve_tenancy
+from gateway.fencing.tenancy import resolve_tenancy
+from gateway.runtime.settings import ConfigError, load_settings
+from gateway.store.embedded import free_port
 from tests.conftest import Gateway, Upstream, key_digest
 from tests.integration.test_smtp import Sink
 from tests.integration.test_stripe_jira import serving

@@ -4,14 +4,14 @@ Re-point this module when the store API, the scripts or the relay change; the
 explorer (:mod:`tests.model.explore`) and the invariants
 (:mod:`tests.model.invariants`) only see what the step functions below return.
 
-Every step is ONE call of :class:`gateway.store.Store` against a real
+Every step is ONE call of :class:`gateway.store.store.Store` against a real
 redis-server (at most one Lua script per step: each script is atomic, so the
 interleavings are over steps), or one gateway-side action (a downstream send).
-Each step function names the service code it mirrors (``gateway/service.py``
+Each step function names the service code it mirrors (``gateway/fencing/``
 of fe3ffa8 and after: the relay under the fence, re-send-safe scripts).
 
 Faults on the wire are injected by :class:`Wire`, which stands where
-:class:`gateway.batching.Batcher` stands: ``lost`` runs the script, drops the
+:class:`gateway.store.batching.Batcher` stands: ``lost`` runs the script, drops the
 reply and runs the very same EVALSHA again (what the batcher does after a
 connection error: the script already ran), ``timeout`` runs the script and
 raises a timeout (the store marks it ``maybe_applied``; the service sends it
@@ -43,19 +43,19 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-import gateway.store as store_module
-from gateway.errors import (
+import gateway.store.scripts as store_module
+from gateway.core.errors import (
     EffectNotUnknown,
     FencegateError,
     NotFound,
     Rejection,
     StoreUnavailable,
 )
-from gateway.intents import intent_digest
-from gateway.keys import JobKeys, relay_hint
-from gateway.records import Admitted, InProgress, Queued, RelayClaim, Replay
-from gateway.records import Unknown as UnknownVerdict
-from gateway.store import Store
+from gateway.core.intents import intent_digest
+from gateway.core.records import Admitted, InProgress, Queued, RelayClaim, Replay
+from gateway.core.records import Unknown as UnknownVerdict
+from gateway.store.keys import JobKeys, relay_hint
+from gateway.store.store import Store
 
 TENANT, JOB = "t", "j"
 KEYS = JobKeys(TENANT, JOB)
@@ -214,7 +214,7 @@ class Resend:
 
 
 class Wire:
-    """Where :class:`gateway.batching.Batcher` stands: every script of the store comes here."""
+    """Where the store's Batcher (gateway.store.batching) stands: every script comes here."""
 
     def __init__(self, client: redis.Redis, names: dict[str, str], snapshot: Callable[[], Any]):
         self.r = client

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.embedded import EmbeddedRedis
+from gateway.store.embedded import EmbeddedRedis
 from tests.model import invariants as inv
 from tests.model.driver import (
     Driver,
@@ -598,7 +598,7 @@ BOUNDS: dict[str, tuple[Scenario, ...]] = {"default": DEFAULT, "large": LARGE, "
 
 
 class RedisForModel:
-    """A real redis-server (gateway.embedded) on a free loopback port, for one exploration."""
+    """A real redis-server (gateway.store.embedded) on a free loopback port, for one exploration."""
 
     def __enter__(self) -> str:
         self._tmp = tempfile.TemporaryDirectory(prefix="fencegate-model-")

@@ -1,4 +1,4 @@
-"""gateway.fastjson: orjson's speed with the stdlib's meaning; no number silently changed."""
+"""gateway.core.fastjson: orjson's speed with the stdlib's meaning; no number silently changed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import fastjson
+from gateway.core import fastjson
 
 scalars = (
     st.none()

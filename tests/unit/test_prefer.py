@@ -1,4 +1,4 @@
-"""gateway.prefer: the Prefer header as RFC 7240 preference tokens, not a substring."""
+"""gateway.http.prefer: the Prefer header as RFC 7240 preference tokens, not a substring."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.prefer import Preference, parse_prefer
+from gateway.http.prefer import Preference, parse_prefer
 
 
 @pytest.mark.parametrize(

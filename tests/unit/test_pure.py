@@ -10,17 +10,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.errors import (
+from gateway.core.errors import (
     EffectInProgress,
     FencegateError,
     InvalidRequest,
     StaleGeneration,
     error_for_code,
 )
-from gateway.intents import canonical_json, intent_digest
-from gateway.keys import SLOTS, JobKeys, key_slot, slot_marker, slot_tags
-from gateway.settings import ConfigError, load_settings
-from gateway.tokens import MAX_GENERATION, parse_generation, parse_unsigned_token
+from gateway.core.intents import canonical_json, intent_digest
+from gateway.core.tokens import MAX_GENERATION, parse_generation, parse_unsigned_token
+from gateway.runtime.settings import ConfigError, load_settings
+from gateway.store.keys import SLOTS, JobKeys, key_slot, slot_marker, slot_tags
 
 
 @given(st.integers(1, MAX_GENERATION))

@@ -1,0 +1,65 @@
+"""Administration: ``init`` (durability markers), ``check-config``, ``keys new``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from adapters.registry import validate_configs
+from gateway.cli.common import EXIT_OK, EXIT_REFUSED, _cli_redis_url, _init, _settings
+from gateway.fencing.tenancy import resolve_tenancy
+from gateway.runtime.logging import configure_logging
+from gateway.runtime.settings import load_settings
+
+if TYPE_CHECKING:
+    pass
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    configure_logging()
+    data_dir = Path(settings.redis.data_dir)
+    url, embedded = _cli_redis_url(settings)
+    try:
+        result = asyncio.run(
+            _init(url, data_dir / "fencegate.state", auto=False, confirm=args.confirm_data_loss)
+        )
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    messages = {
+        "present": "already initialised: the durability marker is present",
+        "written": "initialised: durability marker written",
+        "stale_snapshot": "refused: this Redis is older than the one this gateway last saw "
+        "(restored from an old snapshot?); fences may have been lost. If you accept that, "
+        "run again with --confirm-data-loss (and re-register current generations).",
+        "refused": "refused: this Redis holds fencegate data or was initialised before, but has no "
+        "durability marker. Fences may have been lost. If you accept that, run again with "
+        "--confirm-data-loss (and re-register current generations).",
+    }
+    print(messages[result])
+    return EXIT_REFUSED if result in ("refused", "stale_snapshot") else EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings = load_settings(args.file)
+    validate_configs(settings.adapters)
+    resolve_tenancy(settings)  # adapters' tenants and keys: refused here as at start
+    print(
+        f"{args.file}: ok ({len(settings.adapters)} adapters, {len(settings.auth.keys)} keys, "
+        f"registration={settings.fencing.registration})"
+    )
+    return EXIT_OK
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    key = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    print(f"key (give it to the {args.role}; it is not stored anywhere):\n  {key}\n")
+    print("config (add to the [auth] part of fencegate.toml):")
+    print(f'[[auth.keys]]\nrole = "{args.role}"\nsha256 = "{digest}"\ntenant = "{args.tenant}"')
+    return EXIT_OK

@@ -1,0 +1,118 @@
+"""Blocking wrappers of the SDK for code without an event loop: one loop on a private thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+from gateway.client.api import FencedJob, Generation, Scheduler
+from gateway.core.errors import (
+    FencegateError,
+)
+from gateway.core.records import EffectResult
+
+__all__ = ["SyncFencedJob", "SyncScheduler"]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """A private event loop in a daemon thread, for the synchronous wrappers."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="fencegate-sdk", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+class SyncScheduler:
+    """:class:`Scheduler` for code without an event loop."""
+
+    def __init__(self, base_url: str, **kwargs: Any) -> None:
+        self._loop = _LoopThread()
+        self._sched = Scheduler(base_url, **kwargs)
+
+    def register(
+        self, job_id: str, generation: int | None = None, lease_ms: int | None = None
+    ) -> Generation:
+        return self._loop.run(self._sched.register(job_id, generation, lease_ms))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._loop.run(self._sched.cancel(job_id))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._loop.run(self._sched.job(job_id))
+
+    def close(self) -> None:
+        self._loop.run(self._sched.aclose())
+        self._loop.close()
+
+    def __enter__(self) -> SyncScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncFencedJob:
+    """:class:`FencedJob` for code without an event loop.
+
+    Heartbeats run in a background thread. A thread cannot be cancelled, so a
+    superseded job is reported instead: :attr:`superseded` is set, every later
+    :meth:`effect` raises, and :meth:`check` raises — call it between steps.
+    """
+
+    def __init__(self, base_url: str, job_id: str, token: str | int, **kwargs: Any) -> None:
+        self._loop = _LoopThread()
+        self._job = FencedJob(base_url, job_id, token, **kwargs)
+        self._loop.run(self._start())
+
+    async def _start(self) -> None:
+        if self._job.heartbeat_interval:
+            self._job._heartbeat = asyncio.create_task(
+                self._job._beat(self._job.heartbeat_interval)
+            )
+
+    @property
+    def superseded(self) -> FencegateError | None:
+        return self._job.superseded
+
+    def check(self) -> None:
+        if self._job.superseded is not None:
+            raise self._job.superseded
+
+    def effect(
+        self, step: str, *, adapter: str, operation: str, payload: Mapping[str, Any]
+    ) -> EffectResult:
+        self.check()
+        return self._loop.run(
+            self._job.effect(step, adapter=adapter, operation=operation, payload=payload)
+        )
+
+    def heartbeat(self) -> dict[str, Any]:
+        return self._loop.run(self._job.heartbeat())
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self._job.__aexit__(None, None, None)
+
+        self._loop.run(stop())
+        self._loop.close()
+
+    def __enter__(self) -> SyncFencedJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

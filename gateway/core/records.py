@@ -1,0 +1,192 @@
+"""What the store answers: effect records and the typed verdicts of its scripts (pure data)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.core import fastjson
+
+__all__ = [
+    "AdmitVerdict",
+    "Admitted",
+    "AuditCheck",
+    "AuditEntry",
+    "EffectRecord",
+    "EffectResult",
+    "EffectState",
+    "InProgress",
+    "JobView",
+    "Queued",
+    "Registration",
+    "RelayClaim",
+    "Replay",
+    "Unknown",
+    "chain_hash",
+]
+
+EffectState = Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    """One step's effect as stored."""
+
+    state: EffectState
+    generation: int
+    intent_sha256: str
+    adapter: str
+    operation: str
+    result: Any
+    error: Any
+    updated_at_ms: int
+    created_at_ms: int
+    attempts: int
+    worker_id: str | None
+
+    @classmethod
+    def from_flat(cls, flat: Sequence[str]) -> EffectRecord:
+        return cls.from_hash(dict(zip(flat[::2], flat[1::2], strict=True)))
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> EffectRecord:
+        return cls(
+            state=h["state"],  # type: ignore[arg-type]
+            generation=int(h.get("generation") or 0),
+            intent_sha256=h.get("intent_sha256", ""),
+            adapter=h.get("adapter", ""),
+            operation=h.get("operation", ""),
+            result=fastjson.loads(h["result"]) if h.get("result") else None,
+            error=fastjson.loads(h["error"]) if h.get("error") else None,
+            updated_at_ms=int(h.get("updated_at") or 0),
+            created_at_ms=int(h.get("created_at") or 0),
+            attempts=int(h.get("attempts") or 0),
+            worker_id=h.get("worker_id") or None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EffectResult:
+    """What an effect call answers (the gateway's service and the SDK share it)."""
+
+    job_id: str
+    step: str
+    generation: int
+    state: str
+    replayed: bool
+    idempotency_key: str
+    adapter: str
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The caller now holds the step and must dispatch, then record under ``dispatch_id``."""
+
+    dispatch_id: str
+    fence: int
+    deadline_ms: int
+    resolving: bool  # the step was ``unknown``; resolve through lookup / dedupes first
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The step already has a recorded outcome (succeeded or failed)."""
+
+    record: EffectRecord
+
+
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    retry_after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """The step's outcome is unknown and the adapter cannot resolve it."""
+
+    record: EffectRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """Async: the intent is recorded (or already was) for the relay; ``state`` is where it is."""
+
+    state: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class RelayClaim:
+    dispatch_id: str
+    generation: int
+    adapter: str
+    operation: str
+    payload: Any
+    deadline_ms: int
+
+
+AdmitVerdict = Admitted | Replay | InProgress | Unknown | Queued
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    generation: int
+    lease_expires_at_ms: int | None
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    fence: int
+    lease_ms: int | None
+    lease_expires_at_ms: int | None
+    cancelled: bool
+    effects: dict[str, EffectRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    id: str
+    at_ms: int
+    job_id: str
+    step: str | None
+    reason: str
+    presented: int | None
+    current: int | None
+    worker_id: str | None
+    adapter: str | None
+
+    @classmethod
+    def from_fields(cls, entry_id: str, f: dict[str, str]) -> AuditEntry:
+        return cls(
+            id=entry_id,
+            at_ms=int(f.get("at") or 0),
+            job_id=f.get("job_id", ""),
+            step=f.get("step") or None,
+            reason=f.get("reason", ""),
+            presented=int(f["presented"]) if f.get("presented") else None,
+            current=int(f["current"]) if f.get("current") else None,
+            worker_id=f.get("worker_id") or None,
+            adapter=f.get("adapter") or None,
+        )
+
+
+def chain_hash(fields: Sequence[tuple[str, str]], key: bytes | None = None) -> str:
+    """The audit chain's hash of one entry over its "name=value" lines (every field before
+    'hash', joined by newlines): HMAC-SHA1 with the audit key, or plain SHA-1 without one
+    (the Lua prelude's ``audit()`` computes the same bytes)."""
+    text = "\n".join(f"{k}={v}" for k, v in fields).encode()
+    if key:
+        return hmac.new(key, text, hashlib.sha1).hexdigest()
+    return hashlib.sha1(text, usedforsecurity=False).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class AuditCheck:
+    jobs: int
+    entries: int
+    broken: list[str]

@@ -1,0 +1,187 @@
+"""The async relay: queued steps claimed under the fence (``relay-4``) and dispatched, fair
+across tenants; the sweep that finds a step whose hint was lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+
+import structlog
+
+from gateway.core.errors import (
+    AdapterUnavailable,
+    FencegateError,
+    StoreUnavailable,
+)
+from gateway.core.records import (
+    Admitted,
+    RelayClaim,
+)
+from gateway.fencing.dispatch import Dispatcher
+from gateway.store.keys import JobKeys
+from gateway.store.store import new_request_id
+
+log = structlog.get_logger("fencegate.service")
+
+# A relay dispatch that ended released (known not delivered) is tried again after this.
+_RELAY_RETRY_MS = 1000
+
+
+class Relaying(Dispatcher):
+    """The relay loop on top of the dispatcher."""
+
+    def stop_relay(self) -> None:
+        """Ask :meth:`relay_forever` to return at its next turn (shutdown)."""
+        self._relay_stopping = True
+        self.relay_wakeup.set()
+
+    # -- the async relay -------------------------------------------------------
+
+    async def relay_forever(
+        self,
+        *,
+        interval: float = 0.25,
+        per_tenant: int = 16,
+        sweep_seconds: float = 10.0,
+        stop_grace: float = 2.0,
+    ) -> None:
+        """Perform queued steps. Any number of gateways may run this: each step is
+        claimed atomically in its own slot, so it is dispatched by one relay only, and the
+        claim re-checks the fence, the lease, cancellation and the pinned intent.
+
+        Steps run concurrently, at most ``per_tenant`` of each tenant at a time, taken from
+        the tenants' hints interleaved: a tenant with a backlog or a slow downstream does
+        not delay another tenant's steps. Every ``sweep_seconds`` (and at start) the queue of
+        every slot is read again: a hint lost in a crash between an admit and its hint is
+        found there.
+
+        Stopped by :meth:`stop_relay` (checked every turn), not only by cancellation:
+        a cancellation can be swallowed on its way (Python 3.11's ``wait_for`` turned
+        one that landed as it timed out into ``TimeoutError``; an ``asyncio.Condition``
+        waiter re-acquires its lock before it lets a cancellation through), and the
+        app's cleanup must never wait forever for this loop. At the stop, steps being
+        claimed get ``stop_grace`` seconds to finish (a claim cut off may have run: its step
+        would then read ``unknown`` with nothing sent); their dispatches are the drain's."""
+        sweeper = asyncio.create_task(self._sweep_forever(sweep_seconds))
+        running: dict[str, asyncio.Task[bool]] = {}  # queue member -> its task
+        per: dict[str, int] = {}  # tenant -> steps running
+
+        def finished(member: str, tenant: str, _task: asyncio.Task[bool]) -> None:
+            running.pop(member, None)
+            per[tenant] -= 1
+            self.relay_wakeup.set()
+
+        try:
+            while not self._relay_stopping:
+                started = 0
+                try:
+                    if self._voids:
+                        await self.retry_voids()
+                    due = await self._store.relay_due(int(time.time() * 1000), per_tenant)
+                except StoreUnavailable:
+                    due = []
+                for keys, step, _ in due:
+                    member = keys.member(step)
+                    if member in running or per.get(keys.tenant, 0) >= per_tenant:
+                        continue
+                    task = asyncio.create_task(self._relay_one(keys, step))
+                    running[member] = task
+                    per[keys.tenant] = per.get(keys.tenant, 0) + 1
+                    task.add_done_callback(functools.partial(finished, member, keys.tenant))
+                    started += 1
+                if not started:
+                    self.relay_wakeup.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(interval):
+                            await self.relay_wakeup.wait()
+                else:
+                    await asyncio.sleep(0)
+        finally:
+            sweeper.cancel()
+            if running:
+                await asyncio.wait(list(running.values()), timeout=stop_grace)
+                for task in running.values():
+                    task.cancel()
+
+    async def _sweep_forever(self, every: float) -> None:
+        """Read every slot's queue at start and every ``every`` seconds: a step whose hint
+        was lost (a crash between its admit and its hint) is hinted again."""
+        while not self._relay_stopping:
+            try:
+                found = await self._store.sweep(int(time.time() * 1000))
+            except StoreUnavailable:
+                found = 0
+            except Exception:
+                log.exception("relay_sweep_failed")
+                found = 0
+            if found:
+                self.relay_wakeup.set()
+            await asyncio.sleep(every)
+
+    async def _claim(self, keys: JobKeys, step: str) -> RelayClaim | int | str | None:
+        """The relay's claim, safe when its reply is lost (sent again with the same request
+        id; given up in Redis if that fails too). None: no verdict, look again later."""
+        dispatch_id = new_request_id()
+        maybe = False  # an attempt may have run: then the claim must be given up in Redis
+        for delay in (0.0, 0.05, 0.2):
+            if delay:
+                await asyncio.sleep(delay)
+            try:
+                return await self._store.relay_claim(keys, step, dispatch_id)
+            except StoreUnavailable as exc:
+                maybe = maybe or exc.maybe_applied
+                if not maybe:
+                    return None
+                if exc.unacknowledged:  # it ran; its replicas lag: sending again only waits
+                    break
+        if not await self._void(keys, step, dispatch_id):
+            self._voids.add((keys, step, dispatch_id))
+        return None
+
+    async def _relay_one(self, keys: JobKeys, step: str) -> bool:
+        """Perform one queued step; False when it was left for later untouched."""
+        try:
+            return await self._relay_step(keys, step)
+        except StoreUnavailable:
+            return False  # still queued in its slot: found again by a hint or the sweep
+        except Exception:
+            log.exception("relay_step_failed", key=f"{keys.job_id}:{step}")
+            return False
+
+    async def _relay_step(self, keys: JobKeys, step: str) -> bool:
+        started = time.monotonic()  # the step's deadline counts from before the claim
+        claim = await self._claim(keys, step)
+        if claim is None:
+            return False
+        if isinstance(claim, str):  # nothing to send: the step left the queue
+            if claim in ("superseded", "lease_expired", "cancelled", "unbound"):
+                self._metrics.relay_not_sent.labels(claim).inc()
+                log.info("relay_not_sent", key=f"{keys.job_id}:{step}", why=claim)
+            await self._store.relay_unhint(keys, step)
+            return True
+        if isinstance(claim, int):  # someone is dispatching it: look again after its deadline
+            await self._store.relay_hint(keys, step, claim + 50)
+            return True
+        adapter = self._adapters.get(claim.adapter)
+        allowed = self._adapter_tenants.get(claim.adapter)
+        if adapter is None or (allowed is not None and keys.tenant not in allowed):
+            log.error("relay_unknown_adapter", adapter=claim.adapter, key=f"{keys.job_id}:{step}")
+            reason = {"reason": f"adapter {claim.adapter!r} is not configured"}
+            await self._store.record(keys, step, claim.dispatch_id, "failed", error=reason)
+            await self._store.relay_unhint(keys, step)
+            return True
+        request = self._request(
+            keys, step, claim.generation, claim.adapter, claim.operation, claim.payload, started
+        )
+        admitted = Admitted(claim.dispatch_id, claim.generation, claim.deadline_ms, resolving=False)
+        try:
+            await self._spawn(keys, adapter, request, admitted)
+        except AdapterUnavailable:  # released, still queued: try again later (re-claimed)
+            await self._store.relay_hint(keys, step, int(time.time() * 1000) + _RELAY_RETRY_MS)
+            return True
+        except FencegateError:
+            pass  # failed or unknown: recorded; nothing more for the relay to do
+        await self._store.relay_unhint(keys, step)
+        return True

@@ -1,0 +1,159 @@
+"""The effect flow: admit under the fence → adapter → record. No HTTP, no Redis here.
+
+The admit and the record are one Lua script each (see :mod:`gateway.store.store`).
+Between them the gateway holds the step with a deadline. The process re-checks
+its own monotonic deadline right before sending, so a gateway that stalled
+past it never sends late: the gateway can be the zombie too.
+
+A dispatch runs in its own task, shielded from the request: a client that hangs
+up does not stop the outcome from being recorded, and shutdown waits for
+in-flight dispatches (:meth:`EffectService.drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from adapters.base import InvalidPayload
+from gateway.core.errors import (
+    EffectInProgress,
+    InvalidRequest,
+    OutcomeUnknown,
+    StoreUnavailable,
+)
+from gateway.core.intents import intent_digest
+from gateway.core.records import (
+    Admitted,
+    AdmitVerdict,
+    EffectResult,
+    InProgress,
+    Queued,
+    Replay,
+)
+from gateway.fencing.relay import Relaying
+from gateway.store.keys import JobKeys
+from gateway.store.store import new_request_id
+
+__all__ = ["EffectResult", "EffectService"]
+
+log = structlog.get_logger("fencegate.service")
+
+
+class EffectService(Relaying):
+    """Performs effects under the fence."""
+
+    async def perform(
+        self,
+        keys: JobKeys,
+        step: str,
+        *,
+        generation: int,
+        adapter_name: str,
+        operation: str,
+        payload: Mapping[str, Any],
+        worker_id: str | None,
+        respond_async: bool = False,
+    ) -> EffectResult:
+        """Perform a step now, or (``respond_async``) record it for the relay and return."""
+        adapter = self.adapter(adapter_name, keys.tenant)
+        try:
+            adapter.validate(operation, payload)
+        except InvalidPayload as exc:
+            raise InvalidRequest(f"payload does not fit {adapter_name}.{operation}: {exc}") from exc
+        digest = intent_digest(adapter_name, operation, payload)
+        started = time.monotonic()
+        payload_json = json.dumps(payload, separators=(",", ":")) if respond_async else ""
+        self._crash("before_admit")
+        verdict = await self._admit(
+            keys,
+            step,
+            generation=generation,
+            intent_sha256=digest,
+            adapter=adapter_name,
+            operation=operation,
+            worker_id=worker_id or "",
+            resolvable=adapter.capabilities.can_resolve,
+            payload_json=payload_json,
+        )
+        self._crash("after_admit")
+        if isinstance(verdict, Queued):
+            # the queue entry was written with the step; this hint only makes it prompt
+            await self._store.relay_hint(keys, step, int(time.time() * 1000))
+            self.relay_wakeup.set()
+            return self._result(keys, step, verdict.generation, verdict.state, adapter_name)
+        if isinstance(verdict, Replay):
+            return self._replay(keys, step, verdict.record)
+        if isinstance(verdict, InProgress):
+            # Retry-After is a hint (most dispatches take milliseconds); the hold's
+            # hard limit is reported separately.
+            raise EffectInProgress(
+                "another request is dispatching this step",
+                retry_after=1,
+                dispatch_deadline_in_ms=verdict.retry_after_ms,
+            )
+        if not isinstance(verdict, Admitted):
+            self._metrics.effect_counter(adapter_name, "unknown_refused").inc()
+            raise OutcomeUnknown(
+                "an earlier dispatch of this step has an unknown outcome and the adapter "
+                "cannot resolve it; an operator must resolve it",
+                state="unknown",
+            )
+        # The deadline is monotonic and counted from before the admit: never later than Redis's.
+        request = self._request(keys, step, generation, adapter_name, operation, payload, started)
+        return await self._spawn(keys, adapter, request, verdict)
+
+    async def _admit(
+        self,
+        keys: JobKeys,
+        step: str,
+        *,
+        payload_json: str,
+        **kwargs: Any,
+    ) -> AdmitVerdict:
+        """The admit, safe when its reply is lost.
+
+        A script that was sent but not answered may have run. It is sent again with the same
+        request id (the script answers what it answered the first time, or runs now), for up
+        to the admit grace. If Redis still does not answer, a synchronous call is given up in
+        Redis (:meth:`Store.void`: the admit, if it ran, held the step for a dispatch that
+        never started); an async call may have been queued, and the caller is told so.
+        """
+        dispatch_id = new_request_id()
+        try:
+            return await self._store.admit(
+                keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
+            )
+        except StoreUnavailable as exc:
+            if not exc.maybe_applied:
+                raise
+            failure = exc
+        # The admit was sent and not answered: it may have run. Once more, same request id
+        # (not when it ran and only its replicas did not acknowledge: that would only wait again).
+        if not failure.unacknowledged:
+            await asyncio.sleep(0.05)
+            try:
+                return await self._store.admit(
+                    keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
+                )
+            except StoreUnavailable:
+                pass  # the first one may still have run
+        if payload_json:
+            raise StoreUnavailable(
+                "Redis did not answer the admit: the call may have been queued for the relay. "
+                "Send the same call again (it is safe): it answers the step's true state.",
+                may_have_been_queued=True,
+            ) from failure
+        # given up: if the admit ran, it holds the step for a dispatch that never starts;
+        # the relay loop voids it in Redis as soon as Redis answers again
+        self._voids.add((keys, step, dispatch_id))
+        self.relay_wakeup.set()
+        raise StoreUnavailable(
+            "Redis did not answer the admit; nothing was sent for this call. If the admit ran, "
+            "the step is released as soon as Redis answers again.",
+        ) from failure

@@ -1,0 +1,307 @@
+"""``create_app(settings, redis_url=…)`` → the aiohttp application.
+
+Resources live in ``cleanup_ctx`` in dependency order: Redis and the store,
+then the shared HTTP session and the adapters, then the effect service (whose
+cleanup drains in-flight dispatches before the adapters close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import re
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import cast
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from adapters.base import Adapter, AdapterContext
+from adapters.registry import build_adapters, validate_configs
+from gateway.core.errors import FencegateError, InternalError, Rejection, StoreUnavailable
+from gateway.core.tokens import TokenSigner
+from gateway.fencing.bulkheads import HttpPools, scope_adapters
+from gateway.fencing.quotas import QuotaedService, Quotas
+from gateway.fencing.tenancy import resolve_tenancy
+from gateway.http import appkeys as K
+from gateway.http.auth import Authenticator
+from gateway.http.browser import GUARD as BROWSER_GUARD
+from gateway.http.browser import BrowserGuard
+from gateway.http.connections import GUARD, GuardSlot, body_deadline
+from gateway.http.openapi import build_openapi
+from gateway.http.problems import from_http_exception, problem_response
+from gateway.http.views import HOT_HANDLERS, ROUTES
+from gateway.runtime.logging import end_request, log_request, request_context
+from gateway.runtime.metrics import Metrics
+from gateway.runtime.settings import ConfigError, Settings, read_secret
+from gateway.store import anchors as anchors_module
+from gateway.store.replication import AckPolicy
+from gateway.store.store import Store, connect
+from gateway.store.topology import Topology
+from gateway.store.topology import watch as watch_topology
+
+__all__ = ["create_app"]
+
+log = structlog.get_logger("fencegate")
+
+SecretReader = Callable[[str, str], str]
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,64}")  # echoed as a header: printable ASCII only
+
+
+@web.middleware
+async def _request_middleware(
+    request: web.Request, handler: Callable[[web.Request], object]
+) -> web.StreamResponse:
+    """Problems for every error, and one canonical log line per request."""
+    # a correlation id, not a secret: the PRNG, not a getrandom() system call per request
+    request_id = request.headers.get("X-Request-Id", "")[:64]
+    if not _REQUEST_ID.fullmatch(request_id):
+        request_id = f"{random.getrandbits(64):016x}"
+    context = request_context(request_id=request_id)
+    started = time.perf_counter()
+    metrics = request.app[K.METRICS]
+    error: FencegateError | None = None
+    try:
+        request.app[BROWSER_GUARD].check(request)  # browsers, foreign Hosts, non-JSON bodies
+        response = await handler(request)  # type: ignore[misc]
+    except FencegateError as exc:
+        error = exc
+    except web.HTTPException as exc:
+        error = from_http_exception(exc)
+    except Exception:
+        log.exception("unhandled_error", method=request.method, path=request.path)
+        error = InternalError("internal error; see the gateway's log for the request id")
+    if error is not None:
+        response = problem_response(error)
+        metrics.problem_counter(error.code, str(error.http_status)).inc()
+        if isinstance(error, Rejection) or error.code == "bad_token":
+            metrics.rejection_counter(error.code).inc()
+            context["presented"] = error.fields.get("presented")
+            context["current"] = error.fields.get("current")
+        context["outcome"] = error.code
+    assert isinstance(response, web.StreamResponse)
+    response.headers["X-Request-Id"] = request_id
+    elapsed = time.perf_counter() - started
+    route = request.match_info.route.resource
+    metrics.request_timer(route.canonical if route else "-").observe(elapsed)
+    end_request()  # the context goes into this line explicitly, whatever the processor chain
+    if response.status < 400 and request.app[K.SETTINGS].server.request_log == "problems":
+        return response
+    log_request(  # a copy: tasks the request spawned still hold its context
+        {
+            **context,
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "ms": round(elapsed * 1000, 3),
+        }
+    )
+    return response
+
+
+def _ack_policy(settings: Settings) -> AckPolicy | None:
+    redis = settings.redis
+    return (
+        AckPolicy(redis.replicas_acked, redis.replica_ack_timeout_ms)
+        if redis.replicas_acked
+        else None
+    )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    redis_url: str,
+    state_file: Path | None = None,
+    secret: SecretReader = read_secret,
+    crash_hook: Callable[[str], None] | None = None,
+    handle_signals: bool = False,
+) -> web.Application:
+    """Build the gateway. Adapter configs are validated here, before anything starts."""
+    validate_configs(settings.adapters, secret)
+    tenancy = resolve_tenancy(settings)
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes,
+        middlewares=[_request_middleware, body_deadline(settings.connections.body_timeout_seconds)],
+    )
+    app[GUARD] = GuardSlot()  # `fencegate serve` puts its connection guard here
+    app[K.SETTINGS] = settings
+    app[K.METRICS] = Metrics()
+    app[K.AUTH] = Authenticator(settings.auth.keys, secret)
+    app[BROWSER_GUARD] = BrowserGuard(settings.server, open_mode=app[K.AUTH].open)
+    app[K.OPENAPI] = json.dumps(build_openapi()).encode()
+    app[K.SIGNER] = None
+    if settings.auth.token_signing_key_env:
+        raw = secret(settings.auth.token_signing_key_env, "auth.token_signing_key_env")
+        try:
+            app[K.SIGNER] = TokenSigner(
+                [k.strip().encode() for k in raw.split(",") if k.strip()],
+                settings.auth.token_ttl_seconds,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
+
+    audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
+
+    async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
+        client = connect(
+            redis_url,
+            timeout=settings.redis.timeout_seconds,
+            max_connections=settings.redis.max_connections,
+        )
+        store = Store(
+            client,
+            registration=settings.fencing.registration,
+            dispatch_timeout_ms=int(settings.fencing.dispatch_timeout_seconds * 1000),
+            retention_seconds=settings.fencing.retention_seconds,
+            state_file=state_file,
+            request_memory_seconds=settings.redis.request_memory_seconds,
+            audit_key=audit_keys[0] if audit_keys else "",
+            ack=_ack_policy(settings),
+        )
+        anchorer = anchors_module.Anchorer(
+            client, store.audit_touched, anchors_module.anchor_path(settings), audit_keys
+        )
+        try:
+            await store.load_scripts()
+            # an external Redis is initialised by `fencegate init` (or redis.auto_init)
+            write = not settings.redis.url or settings.redis.auto_init
+            result = await store.initialize(auto=True, write=write)
+            if result == "stale_snapshot":
+                pass  # logged by the store; every dispatch fails closed until init
+            elif result == "uninitialised":
+                log.error("redis_not_initialised", detail=store.marker_missing_detail)
+            elif result == "refused":
+                log.error(
+                    "durability_marker_missing",
+                    detail="Redis lost fencegate's data or was replaced; dispatching is refused "
+                    "until an operator runs `fencegate init --confirm-data-loss`",
+                )
+            elif result == "written":
+                log.info("durability_marker_written")
+        except StoreUnavailable as exc:
+            log.warning("redis_unavailable_at_start", detail=exc.detail)
+        app[K.STORE] = store
+        app[K.METRICS].watch(store.batcher)
+
+        async def epochs() -> None:
+            while True:
+                await asyncio.sleep(settings.redis.epoch_interval_seconds)
+                with contextlib.suppress(StoreUnavailable):
+                    await store.heartbeat_epoch()
+
+        async def marks() -> None:
+            while True:
+                await asyncio.sleep(settings.redis.marks_interval_seconds)
+                try:
+                    await store.persist_marks()
+                except OSError as exc:
+                    log.error("state_file_write_failed", error=str(exc))
+
+        tickers = [asyncio.create_task(epochs()), asyncio.create_task(marks())]
+        if settings.redis.replicas_acked:  # the replication topology, checked periodically
+
+            def topology(report: Topology) -> None:
+                store.topology_problems = report.problems
+
+            tickers.append(
+                asyncio.create_task(
+                    watch_topology(
+                        redis_url,
+                        settings.redis.replicas_acked,
+                        settings.redis.topology_interval_seconds,
+                        topology,
+                        io_timeout=settings.redis.timeout_seconds,
+                    )
+                )
+            )
+        anchorer.start(settings.audit.anchor_interval_seconds)
+        yield
+        for ticker in tickers:
+            ticker.cancel()
+        for ticker in tickers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+        await anchorer.stop()  # the heads of the last interval, after the drain
+        await store.aclose()
+        try:
+            await store.persist_marks()  # the marks of the last writes, after the last reply
+        except OSError as exc:
+            log.error("state_file_write_failed", error=str(exc))
+        await client.aclose()
+
+    async def adapters_ctx(app: web.Application) -> AsyncIterator[None]:
+        # bulkheads: each adapter has its own bounded pools, one per tenant (fencing.bulkheads)
+        sections = tenancy.sections(settings.adapters)
+        pools = {name: HttpPools(name, settings.bulkheads) for name in sections}
+        adapters: dict[str, Adapter] = {}
+        for name, section in sections.items():
+            http = cast(aiohttp.ClientSession, pools[name])  # stands in for a ClientSession
+            adapters.update(
+                build_adapters({name: section}, AdapterContext(http=http, secret=secret))
+            )
+        adapters = scope_adapters(adapters)
+        app[K.ADAPTERS] = adapters
+        quotas = Quotas(
+            app[K.STORE].client,
+            settings.quotas,
+            retention_seconds=settings.fencing.retention_seconds,
+        )
+        app[K.SERVICE] = QuotaedService(
+            app[K.STORE],
+            adapters,
+            app[K.METRICS],
+            dispatch_timeout_seconds=settings.fencing.dispatch_timeout_seconds,
+            tenant_keyed=tenancy.keyed,
+            adapter_tenants=tenancy.allowed,
+            crash_hook=crash_hook,
+            quotas=quotas,
+        )
+        relay = asyncio.create_task(
+            app[K.SERVICE].relay_forever(
+                per_tenant=settings.fencing.relay_per_tenant,
+                sweep_seconds=settings.fencing.relay_sweep_seconds,
+            )
+        )
+        yield
+        app[K.SERVICE].stop_relay()
+        relay.cancel()
+        done, _ = await asyncio.wait({relay}, timeout=settings.redis.timeout_seconds + 3)
+        if relay not in done:  # never hang the shutdown on it (see relay_forever)
+            log.error("relay_did_not_stop", detail="continuing the shutdown without it")
+        # on_shutdown drained with the grace period; record anything that slipped in since
+        cut = await app[K.SERVICE].drain(0)
+        if cut:
+            log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
+        for adapter in adapters.values():
+            await adapter.aclose()
+        for pool in pools.values():
+            await pool.close()
+
+    async def drain_on_shutdown(app: web.Application) -> None:
+        """Runs before aiohttp waits for handlers: in-flight dispatches get the grace period,
+        and a second SIGTERM/SIGINT during it cuts it short (the rest are recorded unknown)."""
+        second_signal = asyncio.Event()
+        if handle_signals:  # only in `fencegate serve`, whose loop owns the process's signals
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, second_signal.set)
+        if K.SERVICE in app:
+            cut = await app[K.SERVICE].drain(settings.server.shutdown_grace_seconds, second_signal)
+            if cut:
+                log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
+
+    app.on_shutdown.append(drain_on_shutdown)
+    app.cleanup_ctx.append(redis_ctx)
+    app.cleanup_ctx.append(adapters_ctx)
+    # the router tries routes sharing a prefix in the order added: the hot ones first
+    for route in sorted(ROUTES, key=lambda r: r.handler not in HOT_HANDLERS):
+        app.router.add_route(route.method, route.path, route.handler)
+    return app

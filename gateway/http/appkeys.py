@@ -1,0 +1,22 @@
+"""Typed ``web.AppKey``s: everything the app holds, named once."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from adapters.base import Adapter
+from gateway.core.tokens import TokenSigner
+from gateway.fencing.service import EffectService
+from gateway.http.auth import Authenticator
+from gateway.runtime.metrics import Metrics
+from gateway.runtime.settings import Settings
+from gateway.store.store import Store
+
+SETTINGS = web.AppKey("settings", Settings)
+AUTH = web.AppKey("auth", Authenticator)
+METRICS = web.AppKey("metrics", Metrics)
+STORE = web.AppKey("store", Store)
+ADAPTERS = web.AppKey("adapters", dict[str, Adapter])
+SERVICE = web.AppKey("service", EffectService)
+OPENAPI = web.AppKey("openapi", bytes)
+SIGNER: web.AppKey[TokenSigner | None] = web.AppKey("signer")

@@ -1,0 +1,352 @@
+"""Connection hygiene of ``fencegate serve``: a cap on open connections, header, idle and body
+deadlines, the file-descriptor limit, and log lines that stay JSON under any flood.
+
+* **Cap** (``connections.max``, kept below the file-descriptor limit, whose soft value is
+  raised to the hard one at start). At the cap, the oldest connection that has not started
+  a request (an idle or slow-header socket) is closed for the new one; when every one is
+  serving a request, the new one gets ``503`` with ``Retry-After`` and is closed.
+* **Header and idle deadline** (``connections.idle_timeout_seconds``): aiohttp's keep-alive
+  timer, which also runs from the moment a connection opens: a connection that has not
+  sent a complete request head by then, or sits idle that long between requests, is closed.
+* **Body deadline** (``connections.body_timeout_seconds``): the whole body must arrive in
+  time, else ``408 request_timeout`` and the connection is closed.
+* **Logs**: the standard library's loggers (aiohttp's server and access loggers, asyncio)
+  go through structlog as JSON lines, at most ``connections.log_lines_per_second``; the rest
+  are counted and reported in the next line (``suppressed``). No raw traceback reaches stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import resource
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import structlog
+from aiohttp import web
+from aiohttp.web_runner import GracefulExit
+
+from gateway.core.errors import RequestTimeout
+from gateway.http import appkeys as K
+from gateway.http.problems import problem_response
+from gateway.runtime.settings import ConnectionSettings
+
+__all__ = [
+    "GUARD",
+    "ConnectionGuard",
+    "GuardSlot",
+    "RequestTimeout",
+    "body_deadline",
+    "bridge_stdlib_logging",
+    "raise_fd_limit",
+    "run_app",
+]
+
+log = structlog.get_logger("fencegate.connections")
+
+FD_RESERVE = 256  # descriptors kept for Redis, the adapters' pools, files, the log
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft limit on open files to the hard limit; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+class _Conn(asyncio.Protocol):
+    """One client connection: aiohttp's protocol behind a gate that counts and evicts."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+        self.inner: Any = None
+        self.transport: asyncio.Transport | None = None
+        self.opened = time.monotonic()
+        self.spoke = False  # has sent bytes
+        self.started = False  # has begun a request (middleware saw it)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        if not self.guard.admit(self):
+            return
+        self.inner = self.guard.server()
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.spoke:
+            self.spoke = True
+            self.guard.spoke(self)
+        if self.inner is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.release(self)
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+
+class ConnectionGuard:
+    """Counts connections; at the cap evicts the oldest that has not started a request, or
+    refuses the new one with a 503."""
+
+    def __init__(self, server: Callable[[], Any], settings: ConnectionSettings, cap: int) -> None:
+        self.server = server
+        self.cap = cap
+        self.open: dict[asyncio.Transport, _Conn] = {}
+        # not serving a request yet, oldest first: sent nothing / sent part of a head
+        self.fresh: dict[_Conn, None] = {}
+        self.partial: dict[_Conn, None] = {}
+        self.refused = self.evicted = 0
+        self._reported = 0.0
+        body = json.dumps(
+            {
+                "type": "https://fencegate.dev/problems/too_many_connections",
+                "title": "Too many connections",
+                "status": 503,
+                "detail": "the gateway is at its connection cap; retry shortly",
+                "code": "too_many_connections",
+            }
+        ).encode()
+        self._refusal = (
+            b"HTTP/1.1 503 Service Unavailable\r\n"
+            b"Content-Type: application/problem+json\r\n"
+            + f"Retry-After: {settings.retry_after_seconds}\r\n".encode()
+            + b"Connection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+
+    def factory(self) -> _Conn:
+        return _Conn(self)
+
+    def admit(self, conn: _Conn) -> bool:
+        assert conn.transport is not None
+        if len(self.open) >= self.cap and not self._evict():
+            self.refused += 1
+            conn.transport.write(self._refusal)
+            conn.transport.close()
+            self._report()
+            return False
+        self.open[conn.transport] = conn
+        self.fresh[conn] = None
+        return True
+
+    def _evict(self) -> bool:
+        """Close the oldest connection that has sent nothing, else the oldest that has not
+        completed a request head: never one that is serving a request."""
+        for queue in (self.fresh, self.partial):
+            for conn in queue:
+                queue.pop(conn)
+                self.evicted += 1
+                if conn.transport is not None:
+                    self.open.pop(conn.transport, None)
+                    conn.transport.abort()
+                self._report()
+                return True
+        return False
+
+    def spoke(self, conn: _Conn) -> None:
+        if self.fresh.pop(conn, 0) is None:
+            self.partial[conn] = None
+
+    def release(self, conn: _Conn) -> None:
+        self.fresh.pop(conn, None)
+        self.partial.pop(conn, None)
+        if conn.transport is not None:
+            self.open.pop(conn.transport, None)
+
+    def started(self, transport: Any) -> None:
+        conn = self.open.get(transport)
+        if conn is not None and not conn.started:
+            conn.started = True
+            self.fresh.pop(conn, None)
+            self.partial.pop(conn, None)
+
+    def _report(self) -> None:
+        now = time.monotonic()
+        if now - self._reported >= 1.0:
+            self._reported = now
+            log.warning(
+                "connection_cap_reached",
+                cap=self.cap,
+                open=len(self.open),
+                refused_total=self.refused,
+                evicted_idle_total=self.evicted,
+            )
+
+
+class GuardSlot:
+    """Where ``run_app`` puts the guard (the app is frozen by then; tests run without one)."""
+
+    guard: ConnectionGuard | None = None
+
+
+GUARD = web.AppKey("connection_guard", GuardSlot)
+
+
+def body_deadline(timeout: float) -> Any:
+    """Middleware: the whole body within ``timeout`` (else 408 and the connection closes)."""
+
+    @web.middleware
+    async def middleware(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        slot = request.app.get(GUARD)
+        if slot is not None and slot.guard is not None:
+            slot.guard.started(request.transport)
+        limit = request.app[K.SETTINGS].server.max_body_bytes
+        length = request.content_length
+        if request.body_exists and (length is None or length <= limit):
+            try:
+                async with asyncio.timeout(timeout):
+                    await request.read()  # cached: the handler's read() gets the same bytes
+            except TimeoutError:
+                response = problem_response(
+                    RequestTimeout(f"the request body did not arrive within {timeout:g} s")
+                )
+                response.force_close()
+                return response
+            except web.HTTPRequestEntityTooLarge:
+                pass  # the handler reads again and answers 413
+        return await handler(request)
+
+    return middleware
+
+
+class _JsonBridge(logging.Handler):
+    """Standard-library log records as structlog JSON lines, rate-limited."""
+
+    def __init__(self, per_second: float) -> None:
+        super().__init__(logging.INFO)
+        self.rate = per_second
+        self.tokens = per_second
+        self.stamp = time.monotonic()
+        self.suppressed = 0
+        self.log = structlog.get_logger("fencegate.stdlib")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        now = time.monotonic()
+        self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1:
+            self.suppressed += 1
+            return
+        self.tokens -= 1
+        try:
+            message = record.getMessage()
+        except Exception:
+            message = str(record.msg)
+        fields: dict[str, Any] = {"logger": record.name, "level_name": record.levelname}
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            fields["exception"] = f"{type(exc).__name__}: {exc}"[:500]
+        if self.suppressed:
+            fields["suppressed"], self.suppressed = self.suppressed, 0
+        try:
+            self.log.warning(message[:1000], **fields)
+        except Exception:
+            self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # never print to stderr
+        self.suppressed += 1
+
+
+def bridge_stdlib_logging(per_second: float) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _JsonBridge):
+            root.removeHandler(handler)
+    root.addHandler(_JsonBridge(per_second))
+    root.setLevel(logging.WARNING)
+    for name in ("aiohttp.access", "aiohttp.server", "aiohttp.web", "asyncio"):
+        logging.getLogger(name).propagate = True
+
+
+def run_app(
+    app: web.Application,
+    *,
+    loop: asyncio.AbstractEventLoop,
+    host: str,
+    port: int,
+    settings: ConnectionSettings,
+    shutdown_timeout: float,
+    reuse_port: bool | None = None,
+) -> None:
+    """``web.run_app`` with the connection guard in front of aiohttp's protocol."""
+    bridge_stdlib_logging(settings.log_lines_per_second)
+    soft = raise_fd_limit()
+    cap = max(8, min(settings.max, soft - FD_RESERVE))
+    if cap < settings.max:
+        log.warning("connection_cap_lowered", configured=settings.max, cap=cap, fd_limit=soft)
+    slot = app.get(GUARD)
+    if slot is None:
+        slot = app[GUARD] = GuardSlot()
+
+    async def serve() -> None:
+        runner = web.AppRunner(
+            app,
+            handle_signals=True,
+            access_log=None,
+            keepalive_timeout=settings.idle_timeout_seconds,
+            # no lingering read of an unread body (10 s by default): the body deadline
+            # decides, and a cut-off request's connection closes right after its answer
+            lingering_time=0,
+            shutdown_timeout=shutdown_timeout,
+        )
+        await runner.setup()
+        try:
+            assert runner.server is not None
+            guard = ConnectionGuard(runner.server, settings, cap)
+            slot.guard = guard
+            listener = await loop.create_server(
+                guard.factory,
+                host,
+                port,
+                backlog=settings.backlog,
+                reuse_address=True,
+                reuse_port=reuse_port,
+            )
+            try:
+                await asyncio.Event().wait()  # until a signal raises GracefulExit
+            finally:
+                listener.close()
+        finally:
+            await runner.cleanup()
+
+    main = loop.create_task(serve())
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(main)
+    except (GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError, GracefulExit):
+                loop.run_until_complete(main)
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

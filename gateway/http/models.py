@@ -1,0 +1,179 @@
+"""Pydantic models of the HTTP API v1: request validation and the OpenAPI schemas."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.core.tokens import MAX_GENERATION
+
+__all__ = [
+    "AuditEntryOut",
+    "AuditPageOut",
+    "CancelOut",
+    "EffectAcceptedOut",
+    "EffectBody",
+    "EffectOut",
+    "EffectRecordOut",
+    "GenerationOut",
+    "HealthOut",
+    "HeartbeatOut",
+    "JobOut",
+    "Problem",
+    "ReadyOut",
+    "RegisterBody",
+    "ResolveBody",
+    "iso_ms",
+]
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+Generation = Field(ge=1, le=MAX_GENERATION)
+
+
+def iso_ms(ms: int | None) -> str | None:
+    """Milliseconds since the epoch as an RFC 3339 UTC timestamp."""
+    if not ms:
+        return None
+    dt = datetime.fromtimestamp(ms / 1000, UTC)
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _In(BaseModel):
+    # strict: 5 is a generation, "5", 5.0 and true are not
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class RegisterBody(_In):
+    """Register ``generation``; omit it to have the gateway allocate fence + 1."""
+
+    generation: int | None = Field(default=None, ge=1, le=MAX_GENERATION)
+    lease_ms: int | None = Field(default=None, ge=1000, le=86_400_000)
+
+
+class EffectBody(_In):
+    """The intent of one step: adapter, operation, payload."""
+
+    adapter: str = Field(pattern=NAME_PATTERN)
+    operation: str = Field(min_length=1, max_length=128)
+    payload: dict[str, Any]
+
+
+class ResolveBody(_In):
+    """An operator's finding for a step whose outcome is unknown."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    outcome: Literal["delivered", "not_delivered"]
+    result: Any = None
+
+
+class GenerationOut(BaseModel):
+    job_id: str
+    generation: int
+    token: str
+    lease_expires_at: str | None
+
+
+class HeartbeatOut(BaseModel):
+    job_id: str
+    generation: int
+    current: bool
+    lease_expires_at: str | None
+
+
+class EffectOut(BaseModel):
+    job_id: str
+    step: str
+    generation: int
+    state: Literal["succeeded"]
+    replayed: bool
+    idempotency_key: str
+    adapter: str
+    result: Any
+
+
+class EffectAcceptedOut(BaseModel):
+    """202 for ``Prefer: respond-async``: recorded under the fence; the relay performs it."""
+
+    job_id: str
+    step: str
+    generation: int
+    state: Literal["pending", "dispatching"]
+    idempotency_key: str
+    adapter: str
+    location: str
+
+
+class EffectRecordOut(BaseModel):
+    job_id: str
+    step: str
+    state: Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
+    generation: int
+    intent_sha256: str
+    adapter: str
+    operation: str
+    idempotency_key: str
+    result: Any = None
+    error: Any = None
+    attempts: int
+    worker_id: str | None
+    created_at: str | None
+    updated_at: str | None
+
+
+class JobOut(BaseModel):
+    job_id: str
+    fence: int
+    lease_ms: int | None
+    lease_expires_at: str | None
+    cancelled: bool
+    effects: dict[str, EffectRecordOut]
+
+
+class CancelOut(BaseModel):
+    job_id: str
+    cancelled: Literal[True]
+    fence: int
+    already_cancelled: bool
+
+
+class AuditEntryOut(BaseModel):
+    id: str
+    at: str | None
+    job_id: str
+    step: str | None
+    reason: str
+    presented: int | None
+    current: int | None
+    worker_id: str | None
+    adapter: str | None
+
+
+class AuditPageOut(BaseModel):
+    items: list[AuditEntryOut]
+    next_cursor: str | None
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready", "unavailable"]
+    checks: dict[str, bool]
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details (``application/problem+json``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    presented: int | None = None
+    current: int | None = None

@@ -1,0 +1,192 @@
+"""Reading a request: names, the job and its role check, generations and tokens, Worker-Id,
+strict JSON bodies with their shape limits, and writing a model as the response."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from adapters.base import describe
+from gateway.core import fastjson
+from gateway.core.errors import BadToken, InvalidRequest, PayloadTooLarge
+from gateway.core.records import EffectRecord
+from gateway.core.tokens import parse_unsigned_token
+from gateway.http import appkeys as K
+from gateway.http.auth import Principal
+from gateway.http.models import (
+    EffectRecordOut,
+    iso_ms,
+)
+from gateway.runtime.logging import bind
+from gateway.runtime.settings import NAME_RE
+from gateway.store.keys import JobKeys
+
+# every pattern here is used with fullmatch: "$" would accept a trailing "\n"
+_WORKER_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_CURSOR = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+_LIMIT = re.compile(r"[0-9]{1,4}")
+_U64 = 2**64 - 1
+JSON = "application/json"
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def respond(
+    model: BaseModel, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=model.model_dump_json().encode(), status=status, content_type=JSON, headers=headers
+    )
+
+
+def _name(value: str, what: str) -> str:
+    if not NAME_RE.fullmatch(value):
+        raise InvalidRequest(f"{what} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$")
+    return value
+
+
+def _job_as(request: web.Request, *roles: str) -> tuple[JobKeys, Principal]:
+    """Authenticate, authorise, and name the job in the caller's tenant."""
+    principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
+    principal.require(*roles)
+    job_id = _name(request.match_info["job"], "job id")
+    bind(job_id=job_id, tenant=principal.tenant)
+    return JobKeys(principal.tenant, job_id), principal
+
+
+def _job(request: web.Request, *roles: str) -> JobKeys:
+    return _job_as(request, *roles)[0]
+
+
+def _step(request: web.Request) -> str:
+    step = _name(request.match_info["step"], "step")
+    bind(step=step)
+    return step
+
+
+async def _generation(
+    request: web.Request,
+    keys: JobKeys,
+    *,
+    step: str = "",
+    worker_id: str | None = None,
+    adapter: str = "",
+) -> int:
+    """The presented generation; with signing on, the token must verify (else audited 400)."""
+    raw = request.headers.get("Fencing-Token")
+    signer = request.app[K.SIGNER]
+    if signer is None:
+        gen = parse_unsigned_token(raw)
+    else:
+        try:
+            gen = signer.verify(raw, keys.tenant, keys.job_id)
+        except BadToken as err:
+            raise await request.app[K.STORE].reject(
+                keys, err, step=step, worker_id=worker_id or "", adapter=adapter
+            ) from None
+    bind(generation=gen)
+    return gen
+
+
+def _worker_id(request: web.Request) -> str | None:
+    wid = request.headers.get("Worker-Id")
+    if wid is None:
+        return None
+    if not _WORKER_ID.fullmatch(wid):
+        raise InvalidRequest("Worker-Id must be 1 to 128 printable ASCII characters")
+    bind(worker_id=wid)
+    return wid
+
+
+def _parse_json(raw: bytes) -> Any:
+    """orjson (strict RFC 8259, several times faster) where it cannot change a number, else
+    the stdlib (:func:`gateway.core.fastjson.loads_exact`).
+
+    Integers of any size are carried exactly; other numbers are IEEE 754 doubles. What
+    cannot be carried — ``1e999``, ``1e-400``, ``NaN``, ``Infinity``, lone surrogate
+    escapes — is refused with 400 naming the field, never changed (it used to be: an
+    integer beyond 64 bits became a float, ``1e999`` a 500).
+    """
+    try:
+        return fastjson.loads_exact(raw)
+    except fastjson.Unrepresentable as exc:
+        raise InvalidRequest(str(exc)) from exc
+    except RecursionError as exc:
+        raise InvalidRequest("the body nests too deeply") from exc
+    except ValueError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+
+
+def check_shape(data: Any, *, max_depth: int, max_items: int, max_string: int) -> None:
+    """Refuse JSON deeper, larger or with longer strings than configured (iteratively)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    items = 0
+    while stack:
+        node, depth = stack.pop()
+        items += 1
+        if items > max_items:
+            raise InvalidRequest(f"the body has more than {max_items} JSON values")
+        if isinstance(node, str):
+            if len(node) > max_string:  # characters <= bytes; a cheap first bound
+                raise InvalidRequest(f"a string is longer than {max_string} characters")
+            continue
+        if isinstance(node, dict | list):
+            if depth > max_depth:
+                raise InvalidRequest(f"the body nests deeper than {max_depth} levels")
+            children = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, value in children:
+                if isinstance(key, str) and len(key) > max_string:
+                    raise InvalidRequest(f"a key is longer than {max_string} characters")
+                stack.append((value, depth + 1))
+
+
+async def _body(request: web.Request, model: type[BaseModel], *, empty_ok: bool = False) -> Any:
+    limit = request.app[K.SETTINGS].server.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"the body may be at most {limit} bytes")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"the body may be at most {limit} bytes") from exc
+    if not raw.strip():
+        if empty_ok:
+            return model()
+        raise InvalidRequest("a JSON body is required")
+    data = _parse_json(raw)
+    server = request.app[K.SETTINGS].server
+    check_shape(
+        data,
+        max_depth=server.max_json_depth,
+        max_items=server.max_json_items,
+        max_string=server.max_string_bytes,
+    )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(describe(exc, root="body")) from exc
+
+
+def _record_out(job_id: str, step: str, r: EffectRecord) -> EffectRecordOut:
+    return EffectRecordOut(
+        job_id=job_id,
+        step=step,
+        state=r.state,
+        generation=r.generation,
+        intent_sha256=r.intent_sha256,
+        adapter=r.adapter,
+        operation=r.operation,
+        idempotency_key=f"{job_id}:{step}",
+        result=r.result,
+        error=r.error,
+        attempts=r.attempts,
+        worker_id=r.worker_id,
+        created_at=iso_ms(r.created_at_ms),
+        updated_at=iso_ms(r.updated_at_ms),
+    )
+
+
+# -- views -------------------------------------------------------------------

@@ -1,0 +1,359 @@
+"""Thin aiohttp views: parse → authorise → service/store → respond.
+
+:data:`ROUTES` is the single route table: :mod:`gateway.http.app` mounts it and
+:mod:`gateway.http.openapi` describes it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from gateway.core.errors import Forbidden, InvalidRequest, NotFound
+from gateway.http import appkeys as K
+from gateway.http.models import (
+    AuditEntryOut,
+    AuditPageOut,
+    CancelOut,
+    EffectAcceptedOut,
+    EffectBody,
+    EffectOut,
+    EffectRecordOut,
+    GenerationOut,
+    HealthOut,
+    HeartbeatOut,
+    JobOut,
+    ReadyOut,
+    RegisterBody,
+    ResolveBody,
+    iso_ms,
+)
+from gateway.http.parsing import (
+    _CURSOR,
+    _LIMIT,
+    _U64,
+    JSON,
+    _body,
+    _generation,
+    _job,
+    _job_as,
+    _name,
+    _record_out,
+    _step,
+    _worker_id,
+    respond,
+)
+from gateway.http.prefer import parse_prefer
+from gateway.runtime.logging import bind
+from gateway.runtime.metrics import CONTENT_TYPE
+
+__all__ = ["HOT_HANDLERS", "ROUTES", "Route"]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    roles: tuple[str, ...] = ()
+    body: type[BaseModel] | None = None
+    responses: dict[int, type[BaseModel] | None] = field(default_factory=dict)
+    headers: tuple[str, ...] = ()
+    query: tuple[str, ...] = ()
+    problems: tuple[int, ...] = ()
+
+
+async def register_generation(request: web.Request) -> web.Response:
+    keys = _job(request, "scheduler")
+    body: RegisterBody = await _body(request, RegisterBody, empty_ok=True)
+    reg = await request.app[K.STORE].register(keys, body.generation, body.lease_ms)
+    bind(generation=reg.generation)
+    request.app[K.METRICS].registrations.labels("created" if reg.created else "current").inc()
+    signer = request.app[K.SIGNER]
+    token = signer.sign(keys.tenant, keys.job_id, reg.generation) if signer else str(reg.generation)
+    out = GenerationOut(
+        job_id=keys.job_id,
+        generation=reg.generation,
+        token=token,
+        lease_expires_at=iso_ms(reg.lease_expires_at_ms),
+    )
+    return respond(out, 201 if reg.created else 200)
+
+
+async def heartbeat(request: web.Request) -> web.Response:
+    keys = _job(request, "worker")
+    worker_id = _worker_id(request)
+    gen = await _generation(request, keys, worker_id=worker_id)
+    _, lease = await request.app[K.STORE].heartbeat(keys, gen, worker_id or "")
+    out = HeartbeatOut(
+        job_id=keys.job_id, generation=gen, current=True, lease_expires_at=iso_ms(lease)
+    )
+    return respond(out)
+
+
+async def perform_effect(request: web.Request) -> web.Response:
+    keys = _job(request, "worker")
+    step = _step(request)
+    worker_id = _worker_id(request)
+    body: EffectBody = await _body(request, EffectBody)
+    bind(adapter=body.adapter)
+    gen = await _generation(request, keys, step=step, worker_id=worker_id, adapter=body.adapter)
+    respond_async = "respond-async" in parse_prefer(request.headers.getall("Prefer", ()))
+    res = await request.app[K.SERVICE].perform(
+        keys,
+        step,
+        generation=gen,
+        adapter_name=body.adapter,
+        operation=body.operation,
+        payload=body.payload,
+        worker_id=worker_id,
+        respond_async=respond_async,
+    )
+    bind(outcome="replayed" if res.replayed else res.state)
+    if res.state in ("pending", "dispatching"):  # accepted for the relay
+        location = f"/v1/jobs/{keys.job_id}/effects/{step}"
+        accepted = EffectAcceptedOut(
+            job_id=res.job_id,
+            step=res.step,
+            generation=res.generation,
+            state=res.state,
+            idempotency_key=res.idempotency_key,
+            adapter=res.adapter,
+            location=location,
+        )
+        headers = {"Location": location, "Preference-Applied": "respond-async"}
+        return respond(accepted, 202, headers=headers)
+    out = EffectOut(
+        job_id=res.job_id,
+        step=res.step,
+        generation=res.generation,
+        state="succeeded",
+        replayed=res.replayed,
+        idempotency_key=res.idempotency_key,
+        adapter=res.adapter,
+        result=res.result,
+    )
+    return respond(out, headers={"Idempotent-Replayed": "true"} if res.replayed else None)
+
+
+async def get_effect(request: web.Request) -> web.Response:
+    keys = _job(request, "worker", "auditor")
+    step = _step(request)
+    record = await request.app[K.STORE].effect(keys, step)
+    if record is None:
+        raise NotFound(f"no effect recorded for {keys.job_id}:{step}")
+    return respond(_record_out(keys.job_id, step, record))
+
+
+async def resolve_effect(request: web.Request) -> web.Response:
+    keys, principal = _job_as(request, "auditor")
+    step = _step(request)
+    body: ResolveBody = await _body(request, ResolveBody)
+    if body.outcome == "not_delivered" and body.result is not None:
+        raise InvalidRequest("a result only goes with outcome 'delivered'")
+    record = await request.app[K.STORE].resolve(
+        keys, step, delivered=body.outcome == "delivered", result=body.result,
+        operator=f"operator:{principal.role}",
+    )  # fmt: skip
+    return respond(_record_out(keys.job_id, step, record))
+
+
+async def get_job(request: web.Request) -> web.Response:
+    keys = _job(request, "scheduler", "auditor")
+    view = await request.app[K.STORE].job(keys)
+    if view is None:
+        raise NotFound(f"no job {keys.job_id!r} is known")
+    out = JobOut(
+        job_id=keys.job_id,
+        fence=view.fence,
+        lease_ms=view.lease_ms,
+        lease_expires_at=iso_ms(view.lease_expires_at_ms),
+        cancelled=view.cancelled,
+        effects={s: _record_out(keys.job_id, s, r) for s, r in view.effects.items()},
+    )
+    return respond(out)
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    keys = _job(request, "scheduler")
+    fence, already = await request.app[K.STORE].cancel(keys)
+    return respond(
+        CancelOut(job_id=keys.job_id, cancelled=True, fence=fence, already_cancelled=already)
+    )
+
+
+async def audit_rejections(request: web.Request) -> web.Response:
+    principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
+    principal.require("auditor")
+    q = request.query
+    job_id = _name(q["job"], "job") if "job" in q else None
+    raw_limit = q.get("limit", "100")
+    if not _LIMIT.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= 1000:
+        raise InvalidRequest("limit must be an integer from 1 to 1000")
+    limit = int(raw_limit)
+    cursor = q.get("cursor")
+    if cursor is not None:
+        m = _CURSOR.fullmatch(cursor)
+        # a stream id: two unsigned 64-bit numbers, above 0-0 (the page ends before it)
+        if m is None or int(m[1]) > _U64 or int(m[2]) > _U64 or int(m[1]) + int(m[2]) == 0:
+            raise InvalidRequest("cursor must be a value returned as next_cursor")
+    entries, next_cursor = await request.app[K.STORE].audit(
+        principal.tenant, job_id=job_id, limit=limit, cursor=cursor
+    )
+    items = [
+        AuditEntryOut(
+            id=e.id,
+            at=iso_ms(e.at_ms),
+            job_id=e.job_id,
+            step=e.step,
+            reason=e.reason,
+            presented=e.presented,
+            current=e.current,
+            worker_id=e.worker_id,
+            adapter=e.adapter,
+        )
+        for e in entries
+    ]
+    return respond(AuditPageOut(items=items, next_cursor=next_cursor))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return respond(HealthOut(status="ok"))
+
+
+async def readyz(request: web.Request) -> web.Response:
+    checks = await request.app[K.STORE].ready()
+    ok = all(checks.values())
+    return respond(
+        ReadyOut(status="ready" if ok else "unavailable", checks=checks), 200 if ok else 503
+    )
+
+
+def _loopback(peer: str | None) -> bool:
+    if not peer:
+        return True  # unix socket
+    try:
+        return ipaddress.ip_address(peer).is_loopback
+    except ValueError:
+        return False
+
+
+async def metrics(request: web.Request) -> web.Response:
+    if not request.app[K.SETTINGS].server.metrics_public and not _loopback(request.remote):
+        raise Forbidden("metrics are served to loopback peers only (server.metrics_public)")
+    return web.Response(
+        body=request.app[K.METRICS].render(), headers={"Content-Type": CONTENT_TYPE}
+    )
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[K.OPENAPI], content_type=JSON)
+
+
+_FENCED = (400, 401, 403, 409, 503)
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST",
+        "/v1/jobs/{job}/generations",
+        register_generation,
+        "Register a generation at takeover (omit `generation` to allocate the next one)",
+        roles=("scheduler",),
+        body=RegisterBody,
+        responses={201: GenerationOut, 200: GenerationOut},
+        problems=(400, 401, 403, 409, 413, 415, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job}/fence",
+        heartbeat,
+        "Heartbeat: is my token still current? Renews the lease",
+        roles=("worker",),
+        responses={200: HeartbeatOut},
+        headers=("Fencing-Token", "Worker-Id"),
+        problems=(*_FENCED, 415),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job}/effects/{step}",
+        perform_effect,
+        "Perform a side effect under the fence (Prefer: respond-async: 202, the relay performs it)",
+        roles=("worker",),
+        body=EffectBody,
+        responses={200: EffectOut, 202: EffectAcceptedOut},
+        headers=("Fencing-Token", "Worker-Id", "Prefer"),
+        problems=(400, 401, 403, 409, 413, 415, 422, 424, 502, 503, 504),
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job}/effects/{step}",
+        get_effect,
+        "One effect's record",
+        roles=("worker", "auditor"),
+        responses={200: EffectRecordOut},
+        problems=(400, 401, 403, 404, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job}/effects/{step}/resolve",
+        resolve_effect,
+        "Operator resolution of a step whose outcome is unknown (audited)",
+        roles=("auditor",),
+        body=ResolveBody,
+        responses={200: EffectRecordOut},
+        problems=(400, 401, 403, 404, 409, 413, 415, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job}",
+        get_job,
+        "Fence, lease, cancelled flag and effects of a job",
+        roles=("scheduler", "auditor"),
+        responses={200: JobOut},
+        problems=(400, 401, 403, 404, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job}/cancel",
+        cancel_job,
+        "Cancel a job: every later call and registration is refused",
+        roles=("scheduler",),
+        responses={200: CancelOut},
+        problems=(400, 401, 403, 415, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/audit/rejections",
+        audit_rejections,
+        "Rejected calls, newest first",
+        roles=("auditor",),
+        responses={200: AuditPageOut},
+        query=("job", "limit", "cursor"),
+        problems=(400, 401, 403, 503),
+    ),
+    Route("GET", "/healthz", healthz, "The process is up", responses={200: HealthOut}),
+    Route(
+        "GET",
+        "/readyz",
+        readyz,
+        "Redis reachable, scripts loaded, durability marker present",
+        responses={200: ReadyOut, 503: ReadyOut},
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        metrics,
+        "Prometheus metrics (loopback peers only)",
+        responses={200: None},
+    ),
+    Route("GET", "/openapi.json", openapi, "This OpenAPI 3.1 document", responses={200: None}),
+)
+
+# what workers call on every step: matched first
+HOT_HANDLERS = frozenset({perform_effect, heartbeat})

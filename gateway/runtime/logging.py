@@ -1,0 +1,202 @@
+"""structlog, configured once: JSON lines when not on a TTY, secrets redacted.
+
+Each request has one log context, a plain dict in one context variable
+(:func:`request_context`, :func:`bind`), merged into every event logged while
+the request runs and rendered once more as the canonical request line. It
+replaces structlog's per-key context variables on the hot path: binding is a
+dict update, merging a dict copy. JSON is rendered by orjson straight to bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from contextvars import ContextVar
+from typing import Any
+
+import structlog
+
+from gateway.core import fastjson
+
+__all__ = [
+    "bind",
+    "configure_logging",
+    "end_request",
+    "escape_controls",
+    "log_request",
+    "redactor",
+    "request_context",
+]
+
+_REQUEST: ContextVar[dict[str, Any] | None] = ContextVar("fencegate_request", default=None)
+
+
+def request_context(**fields: Any) -> dict[str, Any]:
+    """Start the log context of the current task (one request); returns it."""
+    context = dict(fields)
+    _REQUEST.set(context)
+    return context
+
+
+def end_request() -> None:
+    """Detach the current task from its request's log context (tasks it spawned keep it)."""
+    _REQUEST.set(None)
+
+
+def bind(**fields: Any) -> None:
+    """Add fields to the current request's log context (no-op outside a request)."""
+    context = _REQUEST.get()
+    if context is not None:
+        context.update(fields)
+
+
+def _merge_request(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    context = _REQUEST.get()
+    if context:
+        return {**context, **event}
+    return event
+
+
+_SENSITIVE_KEYS = frozenset({"authorization", "api_key", "password", "secret", "token_key"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _sensitive(key: str) -> bool:  # event keys are few and repeat: decide each once
+    return key.lower() in _SENSITIVE_KEYS
+
+
+def redactor(secrets: Iterable[str]) -> structlog.types.Processor:
+    """A processor that blanks known secret values wherever they appear in an event."""
+    values = tuple(s for s in secrets if s)
+
+    def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        for key, value in event.items():  # values are replaced in place: no keys added
+            if _sensitive(key):
+                event[key] = "[redacted]"
+            elif values and isinstance(value, str):
+                for secret in values:
+                    if secret in value:
+                        value = value.replace(secret, "[redacted]")
+                event[key] = value
+        return event
+
+    return redact
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_NO_LF = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_MULTILINE = frozenset({"exception", "stack"})  # tracebacks keep their line breaks and tabs
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Console mode: control characters in values (a request path's ESC, CR, BEL …) are
+    written as ``\\xNN`` escapes, so nothing a client sends can drive the terminal or
+    forge a log line. (The JSON renderer escapes them itself.)"""
+    for key, value in event.items():
+        if isinstance(value, str):
+            pattern = _CONTROL_NO_LF if key in _MULTILINE else _CONTROL
+            if pattern.search(value):
+                event[key] = pattern.sub(_escape_char, value)
+    return event
+
+
+_log = structlog.get_logger("fencegate")
+
+
+class _RequestLine:
+    """The canonical request line, rendered without structlog's per-call machinery.
+
+    It runs the same steps as the JSON chain :func:`configure_logging` installs
+    (bound context variables, level, ISO timestamp, redaction, the chain's own
+    JSON renderer, one write and flush), so the line is the same, at about half
+    the cost. It stands in only while that chain is the configured one: under
+    ``capture_logs`` or any other configuration the line goes through structlog.
+    """
+
+    def __init__(
+        self,
+        processors: list[Any],
+        redact: structlog.types.Processor,
+        out: Any,
+        enabled: bool,
+    ) -> None:
+        self.processors, self.renderer = processors, processors[-1]
+        self.redact, self.out, self.enabled = redact, out, enabled
+
+    def active(self) -> bool:
+        procs = structlog.get_config()["processors"]
+        return procs is self.processors and procs[-1] is self.renderer
+
+    def write(self, event: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        event["event"] = "request"
+        structlog.contextvars.merge_contextvars(None, "info", event)
+        event["level"] = "info"
+        event["timestamp"] = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+        self.redact(None, "info", event)
+        self.out.write(self.renderer(None, "info", event) + b"\n")  # the chain's JSONRenderer
+        self.out.flush()
+
+
+_line: _RequestLine | None = None
+
+
+def log_request(event: dict[str, Any]) -> None:
+    """Log the canonical ``request`` line with these fields (the dict is consumed)."""
+    line = _line
+    if line is not None and line.active():
+        line.write(event)
+    else:
+        _log.info("request", **event)
+
+
+def configure_logging(
+    *, json: bool | None = None, level: str = "info", secrets: Iterable[str] = ()
+) -> None:
+    """Configure structlog for the process. ``json=None``: JSON unless stderr is a TTY."""
+    as_json = (not sys.stderr.isatty()) if json is None else json
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer(serializer=fastjson.dumps)
+        if as_json
+        else structlog.dev.ConsoleRenderer()
+    )
+    factory: Any = (
+        structlog.BytesLoggerFactory(sys.stderr.buffer)
+        if as_json
+        else structlog.PrintLoggerFactory(sys.stderr)
+    )
+    redact = redactor(secrets)
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,  # what adapters may bind themselves
+        _merge_request,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        redact,
+        *(() if as_json else (escape_controls,)),
+        renderer,
+    ]
+    min_level = logging.getLevelName(level.upper())
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(min_level),
+        logger_factory=factory,
+        cache_logger_on_first_use=True,
+    )
+    global _line
+    # the request line is logged outside a request's context: _merge_request adds nothing
+    _line = (
+        _RequestLine(processors, redact, sys.stderr.buffer, min_level <= logging.INFO)
+        if as_json
+        else None
+    )

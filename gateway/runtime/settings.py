@@ -1,0 +1,342 @@
+"""Settings: a TOML file plus ``FENCEGATE_<SECTION>__<KEY>`` environment overrides.
+
+This is the only module that reads the environment. Everything below it gets a
+frozen :class:`Settings` (and resolved secrets) passed in.
+
+Precedence, highest first: environment variables, the TOML file, defaults.
+An unknown key or a value of the wrong type is a start-up error that names the
+key (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = [
+    "AuditSettings",
+    "AuthKey",
+    "AuthSettings",
+    "BulkheadSettings",
+    "ConfigError",
+    "ConnectionSettings",
+    "FencingSettings",
+    "QuotaSettings",
+    "RedisSettings",
+    "ServerSettings",
+    "Settings",
+    "load_settings",
+    "read_secret",
+]
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # use with fullmatch: "$" takes a "\n"
+_HOST_ENTRY = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
+_ORIGIN = re.compile(r"https?://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the offending key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 262_144
+    # Bounds on a JSON body's shape: nesting depth, values in total, one string's length.
+    max_json_depth: Annotated[int, Field(ge=2, le=512)] = 32
+    max_json_items: Annotated[int, Field(ge=10, le=1_000_000)] = 10_000
+    max_string_bytes: Annotated[int, Field(ge=16, le=64 * 1024 * 1024)] = 65_536
+    # On SIGTERM: how long in-flight dispatches may take to finish and record their
+    # outcome; the rest are recorded as unknown.
+    shutdown_grace_seconds: Annotated[float, Field(ge=0, le=3600)] = 10.0
+    # /metrics answers only peers on a loopback address unless this is true
+    # (put it behind your scrape network's own controls before enabling).
+    metrics_public: bool = False
+    # The canonical line per request: "all", or "problems" (responses >= 400 only,
+    # rejections included; saves its CPU on the success path).
+    request_log: Literal["all", "problems"] = "all"
+    # "auto": uvloop when it is installed (the `fast` extra), else asyncio's own loop.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # Browsers (gateway.http.browser): the Host names this gateway answers to ("name" any port,
+    # "name:port" that port, "*" any); unset: loopback names in open mode, any with keys.
+    allowed_hosts: tuple[str, ...] | None = None
+    # Origins whose requests are served (scheme://host[:port]); default none: a request
+    # with an Origin header is refused. No CORS headers are sent either way.
+    allowed_origins: tuple[str, ...] = ()
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        out = []
+        for host in value:
+            if host != "*" and not _HOST_ENTRY.fullmatch(host.lower()):
+                raise ValueError(
+                    f"{host!r} is not a host name, [IPv6] or IP, with an optional :port"
+                )
+            out.append(host.lower())
+        return tuple(out)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: scheme://host[:port] in lower case, no path "
+                    "(no wildcards)"
+                )
+        return value
+
+    @field_validator("event_loop")
+    @classmethod
+    def _loop_installed(cls, value: str) -> str:
+        if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("uvloop is not installed: pip install 'fencegate[fast]'")
+        return value
+
+
+class RedisSettings(_Section):
+    url: str = ""
+    data_dir: str = ".fencegate"
+    # Bound on a single Redis command; past it the call fails closed (503).
+    timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
+    max_connections: Annotated[int, Field(ge=1, le=10_000)] = 64
+    # Start even when an external Redis is not configured durably (warns loudly).
+    allow_volatile: bool = False
+    # How often the gateway bumps the Redis epoch and compares its slot marks with Redis's
+    # markers (detects restores of older snapshots).
+    epoch_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    # How often the slot marks (the highest write counter seen per slot) are written to the
+    # state file when they rose; also written at shutdown.
+    marks_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    # An external Redis (url set) is initialised only by `fencegate init`, never by a
+    # starting gateway, unless this is true (then keep data_dir on durable storage: a
+    # fresh data_dir meeting a wiped Redis would initialise it again). The embedded
+    # Redis keeps its data in data_dir, so it is always initialised at its first start.
+    auto_init: bool = False
+    # How long a deciding script's reply is remembered for a re-send of the same request.
+    request_memory_seconds: Annotated[float, Field(ge=5, le=3600)] = 60.0
+    # The replicated acknowledgement (gateway.replication): no verdict leaves the gateway
+    # before its writes (and those its script read) are fsynced on the primary and on this
+    # many replicas (WAIT + WAITAOF at the tail of each pipelined batch); 0: off. Set it to
+    # the number of promotable replicas of each primary (checked at start and periodically).
+    replicas_acked: Annotated[int, Field(ge=0, le=16)] = 0
+    # Bound on each of the two waits; a batch whose replicas did not acknowledge in time
+    # answers 503 store_unavailable (at most twice this after its scripts ran).
+    replica_ack_timeout_ms: Annotated[int, Field(ge=1, le=30_000)] = 500
+    # How often the replication topology (versions, AOF settings, promotable replicas) is
+    # checked again while serving (replicas_acked > 0).
+    topology_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+
+    @model_validator(mode="after")
+    def _ack_fits_timeout(self) -> RedisSettings:
+        if self.replicas_acked and 2 * self.replica_ack_timeout_ms >= self.timeout_seconds * 1000:
+            raise ValueError(
+                "replica_ack_timeout_ms: both waits (2 x replica_ack_timeout_ms) must fit in "
+                f"timeout_seconds ({self.timeout_seconds} s), or every batch times out instead"
+            )
+        return self
+
+
+class FencingSettings(_Section):
+    registration: Literal["required", "implicit"] = "required"
+    dispatch_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30
+    retention_seconds: Annotated[int, Field(ge=60)] = 604_800
+    # The relay: due steps taken per tenant per turn (fairness), and how often it reads
+    # every slot's queue again (finds a step whose hint was lost in a crash).
+    relay_per_tenant: Annotated[int, Field(ge=1, le=1000)] = 16
+    relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+
+
+class ConnectionSettings(_Section):
+    """Connection hygiene of the HTTP server (``[connections]``)."""
+
+    # Connections open at once. At the cap, the oldest connection that has not started a
+    # request is closed for the new one; if every one is busy, the new one gets 503 with
+    # Retry-After and is closed. Kept below the file-descriptor limit (raised at start).
+    max: Annotated[int, Field(ge=8, le=1_000_000)] = 4096
+    # A new connection must send a complete request head within this, and a keep-alive
+    # connection is closed after this long idle.
+    idle_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    # A request's whole body must arrive within this (else 408 and the connection closes).
+    body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
+    backlog: Annotated[int, Field(ge=16, le=65535)] = 1024
+    # Lines per second from the server's own loggers (aiohttp, asyncio); the rest are
+    # counted and reported in one JSON line.
+    log_lines_per_second: Annotated[float, Field(gt=0, le=100_000)] = 20.0
+
+
+class BulkheadSettings(_Section):
+    """HTTP connection pools of the adapters (``[bulkheads]``)."""
+
+    # One bounded pool per adapter, and per tenant of an adapter when per_tenant is true.
+    connections_per_pool: Annotated[int, Field(ge=1, le=10_000)] = 32
+    # How long a send may wait for a connection of its pool; past it nothing was sent and
+    # the step is released (502 adapter_unavailable).
+    pool_wait_seconds: Annotated[float, Field(gt=0, le=3600)] = 2.0
+    per_tenant: bool = True
+
+
+class TenantQuota(_Section):
+    effects_per_window: Annotated[int, Field(ge=0)] | None = None
+    payload_bytes: Annotated[int, Field(ge=0)] | None = None
+
+
+class QuotaSettings(_Section):
+    """Per-tenant quotas (``[quotas]``, ``[quotas.tenants.<name>]``); 0 means no cap."""
+
+    # Effect calls that reach a decision (admitted, queued or rejected) per tenant per window.
+    effects_per_window: Annotated[int, Field(ge=0)] = 0
+    window_seconds: Annotated[int, Field(ge=1, le=86_400)] = 3600
+    # Async payload bytes a tenant may have stored for the relay at once (each payload
+    # counts its size plus 1 KiB for the records around it).
+    payload_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
+    # Retry-After of a 429 for stored payloads (the relay frees them as it delivers).
+    retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 5
+    tenants: dict[str, TenantQuota] = {}
+
+
+Role = Literal["worker", "scheduler", "auditor", "admin"]
+
+
+class AuthKey(_Section):
+    role: Role
+    sha256: str = ""
+    key_env: str = ""
+    tenant: str = "default"
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, v: str) -> str:
+        if v and not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+            raise ValueError("must be the 64-character hex SHA-256 digest of the key")
+        return v.lower()
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, v: str) -> str:
+        if not NAME_RE.fullmatch(v):
+            raise ValueError("tenant must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+        return v
+
+
+class AuthSettings(_Section):
+    # Names the env var holding the HMAC key(s); comma-separated for rotation, the first signs.
+    token_signing_key_env: str = ""
+    token_ttl_seconds: Annotated[int, Field(ge=60, le=90 * 86400)] = 86_400
+    keys: tuple[AuthKey, ...] = ()
+
+
+class AuditSettings(_Section):
+    # Names the env var holding the audit chain's HMAC key(s); comma-separated for rotation,
+    # the first keys new entries and anchors. Empty: an unkeyed chain (accidental damage only).
+    key_env: str = ""
+    # How often the heads of the chains this gateway extended are anchored outside Redis.
+    anchor_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    # The anchor file (JSON lines, append-only); empty: <redis.data_dir>/audit-anchors.jsonl.
+    anchor_file: str = ""
+
+
+class Settings(BaseSettings):
+    """The whole configuration, frozen once built."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FENCEGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerSettings = ServerSettings()
+    redis: RedisSettings = RedisSettings()
+    fencing: FencingSettings = FencingSettings()
+    auth: AuthSettings = AuthSettings()
+    audit: AuditSettings = AuditSettings()
+    connections: ConnectionSettings = ConnectionSettings()
+    bulkheads: BulkheadSettings = BulkheadSettings()
+    quotas: QuotaSettings = QuotaSettings()
+    # Each adapter section is validated by its own type's model (adapters.registry).
+    adapters: dict[str, dict[str, Any]] = {}
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_names(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, section in v.items():
+            if not NAME_RE.fullmatch(name):
+                raise ValueError(f"adapter name {name!r} must match {NAME_RE.pattern}")
+            if "type" not in section:
+                raise ValueError(f"[adapters.{name}] needs a 'type' key")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file arrives as init kwargs; environment variables win over it.
+        return (env_settings, init_settings)
+
+
+def _describe(exc: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration in {origin}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"  {key}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Build :class:`Settings` from an optional TOML file, the environment and overrides.
+
+    ``overrides`` are section dicts (e.g. ``server={"port": 0}``) merged over the
+    file; they are how the CLI's ``--host``/``--port``/``--redis-url`` flags land.
+    """
+    data: dict[str, Any] = {}
+    origin = "defaults and environment"
+    if path is not None:
+        origin = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"configuration file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origin)) from exc
+
+
+def read_secret(env_name: str, what: str) -> str:
+    """Read a secret from the environment variable the config names; never log it."""
+    value = os.environ.get(env_name)
+    if not value:
+        raise ConfigError(f"{what}: environment variable {env_name} is not set or empty")
+    return value

@@ -1,0 +1,303 @@
+"""The store's base: the client, the auto-pipeline, :meth:`StoreBase._run` (one script, one
+round trip, the prelude's trailer), the durability marks and readiness, and the copy of audit
+entries to the tenant-wide feed. The decisions are in :mod:`gateway.store.store`."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from gateway.core.errors import StoreUnavailable
+from gateway.store import durability, scripts, statefile
+from gateway.store.anchors import note_audit
+from gateway.store.batching import Batcher, NotSent
+from gateway.store.keys import (
+    MARKER,
+    JobKeys,
+    audit_feed,
+)
+from gateway.store.replication import AckPolicy
+from gateway.store.scripts import (
+    _REDIS_FAILURES,
+    MARKER_MISSING,
+    SCRIPT_NAMES,
+    UNINITIALISED,
+    _lua_source,
+    _oom,
+    _unavailable,
+)
+
+T = TypeVar("T")
+READY_PROBE = "fg:readyz:probe"  # /readyz's probe write (10 s TTL)
+log = structlog.get_logger("fencegate.store")
+
+_FEED_FIELDS = ("step", "reason", "presented", "current", "worker_id", "adapter")
+
+
+class StoreBase:
+    """Fences, effects and audit entries in Redis; every decision is one Lua script."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        registration: str,
+        dispatch_timeout_ms: int,
+        retention_seconds: int,
+        state_file: Path | None = None,
+        request_memory_seconds: float = 60.0,
+        audit_key: str = "",
+        ack: AckPolicy | None = None,
+    ) -> None:
+        self._client = client
+        self._request_ttl = str(int(request_memory_seconds * 1000))
+        self._audit_key = audit_key
+        # Jobs whose audit chain got an entry in a reply seen here, with the newest such
+        # entry's id: the anchorer's to-do (gateway.store.anchors).
+        self.audit_touched: dict[JobKeys, str] = {}
+        # The highest value of each slot's marker seen in a reply (slot -> counter). A reply
+        # below it means the slot went back in time: the script refuses ({8, 'behind'}).
+        self.slot_seen: dict[int, int] = {}
+        self._persisted: dict[int, int] = {}  # the marks the state file held at the last write
+        # the detail of a 503 for a missing slot marker (a Redis never initialised: UNINITIALISED)
+        self.marker_missing_detail = MARKER_MISSING
+        self._registration = registration
+        self._dispatch_timeout_ms = str(dispatch_timeout_ms)
+        self._retention = str(retention_seconds)
+        self._retention_ms = retention_seconds * 1000
+        self._state_file = state_file
+        self._sources = {name: _lua_source(name) for name in SCRIPT_NAMES}
+        self._shas = {
+            name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
+            for name, src in self._sources.items()
+        }
+        self._batcher = Batcher(client, ack)
+        # the problems of the last replication topology check (gateway.store.topology); None:
+        # not checked (replicas_acked 0)
+        self.topology_problems: list[str] | None = None
+
+    async def aclose(self) -> None:
+        """Finish the pipelined batches in flight and close their connections."""
+        await self._batcher.aclose()
+
+    @property
+    def batcher(self) -> Batcher:
+        """The auto-pipeline every script and the audit feed go through."""
+        return self._batcher
+
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._client
+
+    # -- plumbing ------------------------------------------------------------
+
+    async def _guard(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run a Redis call; availability failures become ``StoreUnavailable``."""
+        try:
+            return await call()
+        except _REDIS_FAILURES as exc:
+            if (unavailable := _unavailable(exc)) is None:
+                raise
+            raise unavailable from exc
+
+    async def load_scripts(self) -> None:
+        """Load every script (a syntax error fails here, at boot)."""
+
+        async def load() -> None:
+            for name, source in self._sources.items():
+                sha = await self._client.script_load(source)
+                if sha != self._shas[name]:  # pragma: no cover - Redis and hashlib disagree
+                    raise RuntimeError("script SHA mismatch")
+
+        await self._guard(load)
+
+    async def _run(
+        self,
+        name: str,
+        job: JobKeys,
+        keys: Sequence[str],
+        args: Sequence[str],
+        request_id: str | None = None,
+    ) -> list[Any]:
+        """One script, one round trip, pipelined with the others of this tick (EVALSHA; EVAL on
+        NOSCRIPT, see :mod:`gateway.store.batching`).
+
+        Every call carries the prelude's trailer: a request id (a re-send of the same call
+        gets the remembered reply and changes nothing), the job slot's marker and the highest
+        value of it seen. The reply comes back without the slot counter it is prefixed with.
+        """
+        rid = request_id or scripts._dispatch_id()
+        slot = job.slot
+        seen = self.slot_seen.get(slot, 0)
+        try:  # awaited here, not through _guard: one coroutine frame less on the hot path
+            reply: list[Any] = await self._batcher.evalsha(
+                self._shas[name],
+                self._sources[name],
+                (*keys, job.req(rid), job.marker),
+                (*args, rid, self._request_ttl, str(seen), self._audit_key),
+            )
+        except _REDIS_FAILURES as exc:
+            if (unavailable := _unavailable(exc)) is None:
+                raise
+            # Redis refuses a script for OOM only before its first write (the check runs
+            # while nothing is written, so the script stays atomic): then it did nothing
+            unavailable.maybe_applied = not (isinstance(exc, NotSent) or _oom(exc))
+            raise unavailable from exc
+        seq = int(reply[0])
+        if seq > seen:
+            self.slot_seen[slot] = seq
+        if reply[1] == 8:
+            if len(reply) > 2:
+                log.error(
+                    "redis_slot_went_back",
+                    slot=slot,
+                    counter=seq,
+                    seen=int(reply[3]),
+                    detail="writes this gateway saw acknowledged are gone (a restored backup, "
+                    "a lost tail of writes, a failover to a lagging replica): nothing is "
+                    "dispatched in this slot until `fencegate init --confirm-data-loss`",
+                )
+                raise StoreUnavailable(
+                    "Redis has lost writes fencegate saw acknowledged (this job's slot went "
+                    "back in time): fences may be gone, so nothing is dispatched. An operator "
+                    "must run `fencegate init --confirm-data-loss` and re-register current "
+                    "generations."
+                )
+            raise StoreUnavailable(self.marker_missing_detail)
+        del reply[0]
+        return reply
+
+    # -- durability marker ---------------------------------------------------
+
+    async def initialize(
+        self, *, auto: bool, confirm_data_loss: bool = False, write: bool = True
+    ) -> str:
+        """Write the durability markers when it is safe (see :mod:`gateway.store.durability`); first
+        take in the slot marks of the state file (a restart keeps its high-water marks)."""
+        self.load_marks()
+        result = await self._guard(
+            lambda: durability.initialize(
+                self._client,
+                self._state_file,
+                auto=auto,
+                confirm_data_loss=confirm_data_loss,
+                write=write,
+                seen=self.slot_seen,
+            )
+        )
+        self.marker_missing_detail = UNINITIALISED if result == "uninitialised" else MARKER_MISSING
+        return result
+
+    def load_marks(self) -> None:
+        """Merge the state file's slot marks into :attr:`slot_seen` (per slot the maximum)."""
+        for slot, mark in durability.read_marks(self._state_file).items():
+            if mark > self.slot_seen.get(slot, 0):
+                self.slot_seen[slot] = mark
+
+    async def persist_marks(self) -> bool:
+        """Write the slot marks that rose since the last write to the state file (merged with
+        the other processes' under the file's lock; the file I/O runs in a thread). Returns
+        whether it wrote. The marks of other processes are read by :meth:`heartbeat_epoch`."""
+        if self._state_file is None:
+            return False
+        snapshot = dict(self.slot_seen)
+        if snapshot == self._persisted:
+            return False
+        done = self._persisted
+        rose = {slot: mark for slot, mark in snapshot.items() if done.get(slot) != mark}
+        await asyncio.to_thread(statefile.update, self._state_file, slots=rose)
+        self._persisted = snapshot
+        return True
+
+    async def heartbeat_epoch(self) -> bool:
+        """Periodic check (the app runs it every ``redis.epoch_interval_seconds``): the slot
+        marks against Redis's markers, then the epoch."""
+        if await self._guard(lambda: self._client.get(MARKER)) is None:
+            return False
+        self.marker_missing_detail = MARKER_MISSING  # initialised (by `fencegate init`) since
+        if not await self._guard(
+            lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
+        ):
+            return False
+        return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
+
+    async def ready(self) -> dict[str, bool]:
+        """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
+        a write (a probe key with a TTL: not ready while Redis is out of memory)."""
+        checks = {"redis": False, "scripts": False, "marker": False, "writable": False}
+        acking = self._batcher.ack is not None
+        if acking:  # replicas_acked: the probe write must be acknowledged by the replicas too
+            checks["replicas_acked"] = False
+            checks["topology"] = self.topology_problems == []
+        try:
+            await self._guard(self._client.ping)
+            checks["redis"] = True
+            exists = await self._guard(lambda: self._client.script_exists(*self._shas.values()))
+            if not all(exists):  # cache flushed or Redis restarted: load them again
+                await self.load_scripts()
+            checks["scripts"] = True
+            checks["marker"] = bool(await self._guard(lambda: self._client.exists(MARKER)))
+            # a probe write: Redis out of memory (maxmemory, noeviction) refuses every call.
+            # Only next to the marker: a wiped Redis must stay empty (no "fencegate data").
+            if checks["marker"]:
+                await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
+                checks["writable"] = True
+                if acking:  # through the auto-pipeline: its tail is what the verdicts wait for
+                    probe = ("SET", READY_PROBE, "1", "PX", "10000")
+                    await self._guard(lambda: self._batcher.execute(*probe))
+                    checks["replicas_acked"] = True
+        except (StoreUnavailable, RedisError):
+            pass
+        return checks
+
+    # -- the tenant-wide audit feed -------------------------------------------
+
+    async def _to_feed(self, keys: JobKeys, audit_id: str, **fields: str) -> None:
+        """Copy a job's audit entry into the tenant-wide feed (trimmed by age).
+
+        Best effort: the entry is already in the job's stream, written atomically
+        with the decision, so a failed copy must not turn a true 409 into a 503.
+        """
+        note_audit(self.audit_touched, keys, audit_id)
+        entry = {
+            "at": audit_id.split("-")[0],
+            "tenant": keys.tenant,
+            "job_id": keys.job_id,
+            "job_audit_id": audit_id,
+            **fields,
+        }
+        min_id = f"{int(time.time() * 1000) - self._retention_ms}-0"
+        xadd = ("XADD", audit_feed(keys.tenant), "MINID", "~", min_id, "*")
+        try:  # pipelined with this tick's scripts
+            await self._guard(
+                lambda: self._batcher.execute(
+                    *xadd, *(x for kv in entry.items() for x in kv), resend=False
+                )
+            )
+        except StoreUnavailable:
+            log.warning("audit_feed_copy_failed", job_id=keys.job_id, audit_id=audit_id)
+
+    async def _copy_to_feed(self, keys: JobKeys, audit_id: str) -> None:
+        """Copy an entry a script wrote as a side note (not a rejection it answers) to the feed."""
+        note_audit(self.audit_touched, keys, audit_id)
+
+        async def read() -> list[tuple[str, dict[str, str]]]:
+            rows = await self._client.xrange(keys.audit, audit_id, audit_id)
+            return rows  # type: ignore[return-value]  # decode_responses=True: str
+
+        try:
+            rows = await self._guard(read)
+        except StoreUnavailable:
+            log.warning("audit_feed_copy_failed", job_id=keys.job_id, audit_id=audit_id)
+            return
+        for _, fields in rows:
+            copy = {k: v for k, v in fields.items() if k in _FEED_FIELDS}
+            await self._to_feed(keys, audit_id, **copy)

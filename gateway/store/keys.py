@@ -1,0 +1,147 @@
+"""Every Redis key name fencegate uses, built in one place.
+
+All keys of one job share the hash tag ``{<tenant>/<job_id>}``, so every script
+touches exactly one slot and runs unchanged on Redis Cluster. Neither tenant nor
+job id can contain ``{``, ``}`` or ``:`` (see :data:`gateway.runtime.settings.NAME_RE`),
+so the tag is unambiguous.
+
+======================  =====================================================
+``fg:{t/j}:job``        hash: fence, lease_ms, lease_exp, cancelled. No TTL, ever.
+``fg:{t/j}:fx:<step>``  hash: one effect record. TTL = retention.
+``fg:{t/j}:steps``      set of the job's step names (for the job view). TTL = retention.
+``fg:{t/j}:audit``      stream: the job's rejections, written atomically by the
+                        deciding script. TTL = retention.
+``fg:audit:<t>``        stream: the tenant-wide audit feed (a copy of each entry,
+                        appended right after the deciding script), trimmed by age.
+``fg:marker``           the durability marker written by ``fencegate init``.
+``fg:{t/j}:req:<id>``   a deciding script's remembered reply, for a re-send of the same
+                        request (TTL: ``redis.request_memory_seconds``).
+``fg:rq:{<s>}``         the relay queue of one slot: sorted set of ``[tenant, job, step]``
+                        scored by due time (ms). Written by the admit that queues the
+                        step, atomically with it; left by the outcome. The truth.
+``fg:relay:t:<t>``      per tenant: a hint of the same members, written after the
+                        admit, read by the relay (fair across tenants). A hint lost
+                        in a crash is found again by the sweep of every slot queue.
+``fg:relay:tenants``    set of the tenants that have hints.
+``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
+                        the one a gateway last saw came back from an older snapshot.
+``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
+                        init. Every deciding script checks the marker of its
+                        own job's slot, so a wiped (or partly lost) Redis fails
+                        closed atomically, without a script touching a second
+                        slot. ``<s>`` is a short string whose CRC16 lands in
+                        that slot (:func:`slot_tags`).
+======================  =====================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from binascii import crc_hqx
+from dataclasses import dataclass
+
+__all__ = [
+    "EPOCH",
+    "MARKER",
+    "RELAY_TENANTS",
+    "SLOTS",
+    "JobKeys",
+    "audit_feed",
+    "key_slot",
+    "relay_hint",
+    "relay_queue",
+    "slot_marker",
+    "slot_tags",
+]
+
+MARKER = "fg:marker"
+EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
+RELAY_TENANTS = "fg:relay:tenants"  # set: tenants with relay hints
+PREFIX = "fg:"
+SLOTS = 16384
+
+
+def key_slot(tag: str) -> int:
+    """The Redis Cluster slot of a hash tag: CRC16-XMODEM (``crc_hqx`` with 0) mod 16384."""
+    return crc_hqx(tag.encode(), 0) % SLOTS
+
+
+@functools.cache
+def slot_tags() -> tuple[str, ...]:
+    """For every slot, a short tag that hashes to it (about 0.1 s to build, once)."""
+    tags: list[str | None] = [None] * SLOTS
+    found = i = 0
+    while found < SLOTS:
+        candidate = format(i, "x")
+        slot = key_slot(candidate)
+        if tags[slot] is None:
+            tags[slot] = candidate
+            found += 1
+        i += 1
+    return tuple(t for t in tags if t is not None)
+
+
+def slot_marker(slot: int) -> str:
+    return "fg:marker:{" + slot_tags()[slot] + "}"
+
+
+def relay_queue(slot: int) -> str:
+    """The relay queue of one slot (written by the scripts of that slot's jobs)."""
+    return "fg:rq:{" + slot_tags()[slot] + "}"
+
+
+def relay_hint(tenant: str) -> str:
+    return "fg:relay:t:" + tenant
+
+
+@dataclass(frozen=True, slots=True)
+class JobKeys:
+    """The keys of one job of one tenant."""
+
+    tenant: str
+    job_id: str
+
+    @property
+    def tag(self) -> str:
+        return "{" + self.tenant + "/" + self.job_id + "}"
+
+    @property
+    def slot(self) -> int:
+        return key_slot(self.tenant + "/" + self.job_id)
+
+    @property
+    def marker(self) -> str:
+        """The durability marker in this job's slot."""
+        return slot_marker(self.slot)
+
+    @property
+    def relayq(self) -> str:
+        """The relay queue in this job's slot."""
+        return relay_queue(self.slot)
+
+    def member(self, step: str) -> str:
+        """This step's member in the relay queue and the tenant's hint."""
+        return json.dumps([self.tenant, self.job_id, step], separators=(",", ":"))
+
+    def req(self, request_id: str) -> str:
+        return f"fg:{self.tag}:req:{request_id}"
+
+    @property
+    def job(self) -> str:
+        return f"fg:{self.tag}:job"
+
+    @property
+    def steps(self) -> str:
+        return f"fg:{self.tag}:steps"
+
+    @property
+    def audit(self) -> str:
+        return f"fg:{self.tag}:audit"
+
+    def effect(self, step: str) -> str:
+        return f"fg:{self.tag}:fx:{step}"
+
+
+def audit_feed(tenant: str) -> str:
+    return f"fg:audit:{tenant}"

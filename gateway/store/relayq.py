@@ -1,0 +1,135 @@
+"""The async relay's queue in Redis: per-slot queues (the truth), per-tenant hints, the sweep
+that finds a lost hint, and the claim (``relay-4``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import structlog
+
+from gateway.core.errors import StoreUnavailable
+from gateway.core.records import RelayClaim
+from gateway.store import scripts
+from gateway.store.base import StoreBase
+from gateway.store.keys import (
+    RELAY_TENANTS,
+    SLOTS,
+    JobKeys,
+    relay_hint,
+    relay_queue,
+)
+
+log = structlog.get_logger("fencegate.store")
+
+
+class RelayQueue(StoreBase):
+    # -- the async relay's queue --------------------------------------------
+    #
+    # The truth is the queue of each slot (fg:rq:{s}), written by the scripts atomically with
+    # the step. The relay reads per-tenant hints, written after the admit; a hint lost in a
+    # crash is found again by sweep(), which reads every slot's queue.
+
+    async def relay_hint(self, keys: JobKeys, step: str, due_ms: int) -> None:
+        """Point the relay at a queued step (best effort: the sweep finds a lost one)."""
+        member = keys.member(step)
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(relay_hint(keys.tenant), {member: due_ms})
+                pipe.sadd(RELAY_TENANTS, keys.tenant)
+                await self._guard(pipe.execute)
+        except StoreUnavailable:
+            log.warning("relay_hint_failed", job_id=keys.job_id, step=step)
+
+    async def relay_unhint(self, keys: JobKeys, step: str) -> None:
+        try:
+            await self._guard(lambda: self._client.zrem(relay_hint(keys.tenant), keys.member(step)))
+        except StoreUnavailable:
+            log.warning("relay_unhint_failed", job_id=keys.job_id, step=step)
+
+    async def relay_due(self, now_ms: int, per_tenant: int) -> list[tuple[JobKeys, str, int]]:
+        """Due hints, fair across tenants: up to ``per_tenant`` of each, interleaved."""
+
+        async def read() -> list[list[tuple[str, float]]]:
+            tenants: list[str] = sorted(await self._client.smembers(RELAY_TENANTS))  # type: ignore[arg-type]
+            if not tenants:
+                return []
+            async with self._client.pipeline(transaction=False) as pipe:
+                for tenant in tenants:
+                    pipe.zrangebyscore(
+                        relay_hint(tenant), "-inf", now_ms, start=0, num=per_tenant,
+                        withscores=True,
+                    )  # fmt: skip
+                return await pipe.execute()
+
+        per = await self._guard(read)
+        due: list[tuple[JobKeys, str, int]] = []
+        for i in range(max((len(rows) for rows in per), default=0)):
+            for rows in per:
+                if i < len(rows):
+                    member, score = rows[i]
+                    tenant, job_id, step = json.loads(member)
+                    due.append((JobKeys(tenant, job_id), step, int(score)))
+        return due
+
+    async def sweep(self, now_ms: int, per_slot: int = 100) -> int:
+        """Hint every due entry of every slot's queue (a hint lost in a crash); returns how
+        many due entries were found. 16,384 reads, packed by hiredis on the auto-pipeline."""
+        query = ("-inf", now_ms, "WITHSCORES", "LIMIT", 0, per_slot)
+        replies: list[Any] = []
+        for start in range(0, SLOTS, 1024):  # a few batches at a time, not 64 connections at once
+            replies += await asyncio.gather(
+                *(
+                    self._batcher.execute("ZRANGEBYSCORE", relay_queue(s), *query)
+                    for s in range(start, start + 1024)
+                ),
+                return_exceptions=True,
+            )
+        found = 0
+        for rows in replies:
+            if isinstance(rows, BaseException):
+                if isinstance(rows, asyncio.CancelledError):
+                    raise rows
+                raise StoreUnavailable(f"the relay's sweep failed: {type(rows).__name__}")
+            # RESP3 answers [member, score] pairs; RESP2 a flat list
+            flat = not rows or not isinstance(rows[0], list)
+            pairs = zip(rows[::2], rows[1::2], strict=True) if flat else rows
+            for member, score in pairs:
+                tenant, job_id, step = json.loads(member)
+                await self.relay_hint(JobKeys(tenant, job_id), step, int(float(score)))
+                found += 1
+        return found
+
+    async def relay_claim(
+        self, keys: JobKeys, step: str, dispatch_id: str | None = None
+    ) -> RelayClaim | int | str:
+        """Claim a queued step: the claim; a deadline (ms) to look again at; or why there is
+        nothing to send (the step has left the queue)."""
+        dispatch_id = dispatch_id or scripts._dispatch_id()
+        reply = await self._run(
+            "relay-4",
+            keys,
+            (keys.effect(step), keys.job, keys.audit, keys.relayq),
+            (
+                dispatch_id,
+                self._dispatch_timeout_ms,
+                self._retention,
+                keys.member(step),
+                keys.job_id,
+                step,
+                keys.tenant,
+            ),
+            request_id=dispatch_id,
+        )
+        code = int(reply[0])
+        if code == 0:
+            _, dispatch_id, gen, adapter, operation, payload, deadline = reply
+            return RelayClaim(
+                dispatch_id, int(gen), adapter, operation, json.loads(payload), int(deadline)
+            )
+        if code == 2:
+            return int(reply[1])
+        if reply[2]:
+            await self._copy_to_feed(keys, str(reply[2]))
+        return str(reply[1])
