@@ -20,6 +20,7 @@ from gateway.store import durability, scripts, statefile
 from gateway.store.anchors import note_audit
 from gateway.store.batching import Batcher, NotSent
 from gateway.store.keys import (
+    EPOCH,
     MARKER,
     JobKeys,
     audit_feed,
@@ -191,6 +192,7 @@ class StoreBase:
                 confirm_data_loss=confirm_data_loss,
                 write=write,
                 seen=self.slot_seen,
+                bump=self._epoch_bump(),
             )
         )
         self.marker_missing_detail = UNINITIALISED if result == "uninitialised" else MARKER_MISSING
@@ -227,7 +229,15 @@ class StoreBase:
             lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
         ):
             return False
-        return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
+        return await self._guard(
+            lambda: durability.epoch_check(self._client, self._state_file, self._epoch_bump())
+        )
+
+    def _epoch_bump(self) -> durability.Bump | None:
+        """With replicas_acked, the epoch is bumped through the acknowledged auto-pipeline."""
+        if self._batcher.ack is None:
+            return None
+        return lambda: self._batcher.execute("INCR", EPOCH)
 
     async def ready(self) -> dict[str, bool]:
         """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
