@@ -41,7 +41,10 @@ from gateway.runtime.logging import end_request, log_request, request_context
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import ConfigError, Settings, read_secret
 from gateway.store import anchors as anchors_module
+from gateway.store.replication import AckPolicy
 from gateway.store.store import Store, connect
+from gateway.store.topology import Topology
+from gateway.store.topology import watch as watch_topology
 
 __all__ = ["create_app"]
 
@@ -102,6 +105,15 @@ async def _request_middleware(
     return response
 
 
+def _ack_policy(settings: Settings) -> AckPolicy | None:
+    redis = settings.redis
+    return (
+        AckPolicy(redis.replicas_acked, redis.replica_ack_timeout_ms)
+        if redis.replicas_acked
+        else None
+    )
+
+
 def create_app(
     settings: Settings,
     *,
@@ -152,6 +164,7 @@ def create_app(
             state_file=state_file,
             request_memory_seconds=settings.redis.request_memory_seconds,
             audit_key=audit_keys[0] if audit_keys else "",
+            ack=_ack_policy(settings),
         )
         anchorer = anchors_module.Anchorer(
             client, store.audit_touched, anchors_module.anchor_path(settings), audit_keys
@@ -193,6 +206,22 @@ def create_app(
                     log.error("state_file_write_failed", error=str(exc))
 
         tickers = [asyncio.create_task(epochs()), asyncio.create_task(marks())]
+        if settings.redis.replicas_acked:  # the replication topology, checked periodically
+
+            def topology(report: Topology) -> None:
+                store.topology_problems = report.problems
+
+            tickers.append(
+                asyncio.create_task(
+                    watch_topology(
+                        redis_url,
+                        settings.redis.replicas_acked,
+                        settings.redis.topology_interval_seconds,
+                        topology,
+                        io_timeout=settings.redis.timeout_seconds,
+                    )
+                )
+            )
         anchorer.start(settings.audit.anchor_interval_seconds)
         yield
         for ticker in tickers:

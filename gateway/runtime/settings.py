@@ -140,6 +140,26 @@ class RedisSettings(_Section):
     auto_init: bool = False
     # How long a deciding script's reply is remembered for a re-send of the same request.
     request_memory_seconds: Annotated[float, Field(ge=5, le=3600)] = 60.0
+    # The replicated acknowledgement (gateway.replication): no verdict leaves the gateway
+    # before its writes (and those its script read) are fsynced on the primary and on this
+    # many replicas (WAIT + WAITAOF at the tail of each pipelined batch); 0: off. Set it to
+    # the number of promotable replicas of each primary (checked at start and periodically).
+    replicas_acked: Annotated[int, Field(ge=0, le=16)] = 0
+    # Bound on each of the two waits; a batch whose replicas did not acknowledge in time
+    # answers 503 store_unavailable (at most twice this after its scripts ran).
+    replica_ack_timeout_ms: Annotated[int, Field(ge=1, le=30_000)] = 500
+    # How often the replication topology (versions, AOF settings, promotable replicas) is
+    # checked again while serving (replicas_acked > 0).
+    topology_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+
+    @model_validator(mode="after")
+    def _ack_fits_timeout(self) -> RedisSettings:
+        if self.replicas_acked and 2 * self.replica_ack_timeout_ms >= self.timeout_seconds * 1000:
+            raise ValueError(
+                "replica_ack_timeout_ms: both waits (2 x replica_ack_timeout_ms) must fit in "
+                f"timeout_seconds ({self.timeout_seconds} s), or every batch times out instead"
+            )
+        return self
 
     @field_validator("url", mode="before")
     @classmethod

@@ -21,10 +21,12 @@ from gateway.store.anchors import note_audit
 from gateway.store.batching import Batcher, NotSent
 from gateway.store.cluster import all_markers, is_cluster, router_for
 from gateway.store.keys import (
+    EPOCH,
     MARKER,
     JobKeys,
     audit_feed,
 )
+from gateway.store.replication import AckPolicy
 from gateway.store.router import ClusterRouter
 from gateway.store.scripts import (
     _REDIS_FAILURES,
@@ -56,6 +58,7 @@ class StoreBase:
         state_file: Path | None = None,
         request_memory_seconds: float = 60.0,
         audit_key: str = "",
+        ack: AckPolicy | None = None,
     ) -> None:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
@@ -80,8 +83,13 @@ class StoreBase:
             for name, src in self._sources.items()
         }
         self._batcher: Batcher | ClusterRouter = (
-            router_for(client, self.slot_seen) if is_cluster(client) else Batcher(client)  # type: ignore[arg-type]
+            router_for(client, self.slot_seen, ack)  # type: ignore[arg-type]
+            if is_cluster(client)
+            else Batcher(client, ack)
         )
+        # the problems of the last replication topology check (gateway.store.topology); None:
+        # not checked (replicas_acked 0)
+        self.topology_problems: list[str] | None = None
 
     async def aclose(self) -> None:
         """Finish the pipelined batches in flight and close their connections."""
@@ -195,6 +203,7 @@ class StoreBase:
                 confirm_data_loss=confirm_data_loss,
                 write=write,
                 seen=self.slot_seen,
+                bump=self._epoch_bump(),
             )
         )
         self.marker_missing_detail = UNINITIALISED if result == "uninitialised" else MARKER_MISSING
@@ -233,7 +242,15 @@ class StoreBase:
             lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
         ):
             return False
-        return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
+        return await self._guard(
+            lambda: durability.epoch_check(self._client, self._state_file, self._epoch_bump())
+        )
+
+    def _epoch_bump(self) -> durability.Bump | None:
+        """With replicas_acked, the epoch is bumped through the acknowledged auto-pipeline."""
+        if self._batcher.ack is None:
+            return None
+        return lambda: self._batcher.execute("INCR", EPOCH)
 
     async def _cluster_marks_check(self) -> bool:
         """Cluster: read all 16,384 markers through the router (so they wait for whatever the
@@ -255,6 +272,10 @@ class StoreBase:
         """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
         a write (a probe key with a TTL: not ready while Redis is out of memory)."""
         checks = {"redis": False, "scripts": False, "marker": False, "writable": False}
+        acking = self._batcher.ack is not None
+        if acking:  # replicas_acked: the probe write must be acknowledged by the replicas too
+            checks["replicas_acked"] = False
+            checks["topology"] = self.topology_problems == []
         try:
             await self._guard(self._client.ping)
             checks["redis"] = True
@@ -268,6 +289,10 @@ class StoreBase:
             if checks["marker"]:
                 await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
                 checks["writable"] = True
+                if acking:  # through the auto-pipeline: its tail is what the verdicts wait for
+                    probe = ("SET", READY_PROBE, "1", "PX", "10000")
+                    await self._guard(lambda: self._batcher.execute(*probe))
+                    checks["replicas_acked"] = True
             if isinstance(self._batcher, ClusterRouter):  # every slot served, every primary up
                 checks["cluster"] = False
                 checks["cluster"] = await self._guard(self._batcher.healthy)

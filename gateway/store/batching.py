@@ -27,7 +27,12 @@ Semantics are those of one command at a time, per command:
   batch: its reply is read and dropped, so the connection stays in step;
 * a command marked ``asking`` (Cluster: the slot is being imported here, see
   :mod:`gateway.store.router`) goes out right after an ``ASKING`` on the same
-  connection, every time it is sent (a re-send, its ``EVAL``).
+  connection, every time it is sent (a re-send, its ``EVAL``);
+* with ``[redis] replicas_acked = R`` (an :class:`~gateway.store.replication.AckPolicy`), the
+  batch ends with a covering write, ``WAIT`` and ``WAITAOF`` in the same write on the same
+  connection, and no reply is handed out before they say the primary and R replicas
+  fsynced it; otherwise every command of the batch fails with
+  :class:`~gateway.store.replication.NotReplicated` (see :mod:`gateway.store.replication`).
 
 The batch runs in its own task, so cancelling a request never cuts a
 connection in the middle of a pipelined exchange.
@@ -46,6 +51,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.store.replication import AckPolicy, AckStatus, first_key
+
 __all__ = ["Batcher", "NotSent"]
 
 
@@ -59,13 +66,14 @@ MAX_BATCH = 256
 
 
 class _Call:
-    __slots__ = ("answered", "args", "asking", "future", "resend", "sent", "source")
+    __slots__ = ("answered", "args", "asking", "future", "reply", "resend", "sent", "source")
 
     def __init__(self, args: tuple[Any, ...], source: str | None, future: asyncio.Future[Any]):
         self.args = args
         self.source = source  # the script's source when args is an EVALSHA
         self.future = future
         self.answered = False  # a reply (or error reply) was read for it
+        self.reply: Any = None  # handed out once the batch is acknowledged (replicas_acked)
         self.sent = False  # written to a connection at least once
         # safe to send again when a dropped connection lost its reply: the scripts are (they
         # remember their reply per request id); a raw XADD with an automatic id is not
@@ -76,7 +84,7 @@ class _Call:
 class Batcher:
     """Queues commands per event-loop tick and sends each tick's queue as one pipeline."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, ack: AckPolicy | None = None) -> None:
         # Its own pool, like the client's but without a per-socket-operation timeout:
         # redis-py implements that with a wait_for (a task) per send and a timer per
         # reply; the batcher bounds the whole exchange with one timeout instead.
@@ -95,6 +103,19 @@ class Batcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # counters for the metrics and the tests
         self.commands = 0
+        self.ack = ack  # None: a reply is handed out as soon as it is read (replicas_acked 0)
+        # Cluster: a key in a slot this node serves, for the covering write (the router sets it;
+        # a batch's first key may be one the node no longer serves, or one it is importing)
+        self.cover_key: str | None = None
+        host = source.connection_kwargs.get("host") or source.connection_kwargs.get("path", "")
+        self.ack_status = AckStatus(node=f"{host}:{source.connection_kwargs.get('port', '')}")
+
+    @property
+    def ack_failures(self) -> tuple[int, int] | None:
+        """(batches, commands) the replicas did not acknowledge; None: replicas_acked is 0."""
+        if self.ack is None:
+            return None
+        return self.ack_status.failed_batches, self.ack_status.failed_commands
 
     def evalsha(
         self, sha: str, source: str, keys: Sequence[str], args: Sequence[str]
@@ -185,20 +206,48 @@ class Batcher:
                 continue
             call.sent = True
             todo.append(call)
+        # the acknowledgement's tail goes in the same write (also when everything was answered
+        # before a dropped connection: the tail must run again on this one)
+        tail = self._tail(calls)
+        asking = [c.asking for c in todo] + [False] * len(tail)
+        replies = await _roundtrip(conn, [*(c.args for c in todo), *tail], asking)
+        acked = replies[len(todo) :]
         missing: list[_Call] = []
-        replies = await _roundtrip(conn, [c.args for c in todo], [c.asking for c in todo])
-        for call, reply in zip(todo, replies, strict=True):
+        for call, reply in zip(todo, replies, strict=False):
             if isinstance(reply, NoScriptError) and call.source is not None:
                 missing.append(call)
             else:
                 call.answered = True
-                _settle(call, reply)
+                call.reply = reply
         if missing:  # the script cache was flushed: EVAL loads and runs in one go
             resend = [("EVAL", c.source, *c.args[2:]) for c in missing]
-            replies = await _roundtrip(conn, resend, [c.asking for c in missing])
-            for call, reply in zip(missing, replies, strict=True):
+            asking = [c.asking for c in missing] + [False] * len(tail)
+            replies = await _roundtrip(conn, [*resend, *tail], asking)
+            acked = replies[len(missing) :]
+            for call, reply in zip(missing, replies, strict=False):
                 call.answered = True
-                _settle(call, reply)
+                call.reply = reply
+        if self.ack is not None:
+            reason = self.ack.check(acked)
+            self.ack_status.note(not reason, reason, len(calls))
+            if reason:  # not one reply of this batch may leave: they all depend on it
+                failure = self.ack.failure(reason)
+                for call in calls:
+                    _settle(call, failure)
+                return
+        for call in calls:
+            if call.answered:
+                _settle(call, call.reply)
+
+    def _tail(self, calls: list[_Call]) -> list[tuple[Any, ...]]:
+        if self.ack is None:
+            return []
+        if self.cover_key:  # Cluster: a slot this node serves (set by the router)
+            return list(self.ack.tail(self.cover_key))
+        for call in calls:  # the covering write goes to the slot of a key of this batch
+            if not call.asking and (key := first_key(call.args)) is not None:
+                return list(self.ack.tail(key))
+        return list(self.ack.tail("fg"))
 
     async def aclose(self) -> None:
         """Wait for the batches in flight, then close the connections (shutdown). A tick's queue

@@ -31,6 +31,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.keys import SLOTS, slot_marker
+from gateway.store.replication import AckPolicy
 from gateway.store.router import ClusterRouter
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "all_markers",
     "connect_cluster",
     "delete_slots",
+    "first_seed",
     "is_cluster",
     "mget_slots",
     "mset_slots",
@@ -120,18 +122,30 @@ def connect_cluster(url: str, *, timeout: float, max_connections: int) -> Cluste
     return client
 
 
+def first_seed(url: str) -> str:
+    """A cluster URL with only its first seed node (``redis://u:p@h1:1,h2:2`` → ``…@h1:1``),
+    for code that talks to one node; a URL of one node comes back unchanged."""
+    scheme, sep, rest = url.partition("://")
+    hosts, slash, tail = rest.partition("/")
+    creds, at, nodes = hosts.rpartition("@")
+    return f"{scheme}{sep}{creds}{at}{nodes.split(',')[0]}{slash}{tail}"
+
+
 def is_cluster(client: Any) -> bool:
     return isinstance(client, aioredis.RedisCluster)
 
 
-def router_for(client: ClusterClient, slot_seen: Mapping[int, int]) -> ClusterRouter:
+def router_for(
+    client: ClusterClient, slot_seen: Mapping[int, int], ack: AckPolicy | None = None
+) -> ClusterRouter:
     """The store's router for the cluster this client talks to (``slot_seen``: the store's
-    high-water marks, read on every re-send of a script)."""
+    high-water marks, read on every re-send of a script; ``ack``: replicas_acked)."""
     return ClusterRouter(
         client.fencegate_seeds,
         client.fencegate_kwargs,
         max_connections=client.fencegate_max_connections,
         slot_seen=slot_seen,
+        ack=ack,
     )
 
 

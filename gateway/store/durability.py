@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 log = structlog.get_logger("fencegate.durability")
+Bump = Callable[[], Awaitable[Any]]  # increments fg:epoch, answers the new value
 
 
 async def has_fencegate_data(client: aioredis.Redis) -> bool:
@@ -67,6 +69,7 @@ async def initialize(
     confirm_data_loss: bool = False,
     write: bool = True,
     seen: Mapping[int, int] | None = None,
+    bump: Bump | None = None,
 ) -> str:
     """Write the durability marker when it is safe; return what happened.
 
@@ -82,7 +85,7 @@ async def initialize(
     if await client.get(MARKER) is not None and not confirm_data_loss:
         if not await marks_check(client, state_file, seen):
             return "stale_snapshot"
-        if not await epoch_check(client, state_file):
+        if not await epoch_check(client, state_file, bump):
             return "stale_snapshot"
         return "present"
     if (
@@ -201,13 +204,19 @@ async def compare_marks(
     return False
 
 
-async def epoch_check(client: aioredis.Redis, state_file: Path | None) -> bool:
+async def epoch_check(
+    client: aioredis.Redis, state_file: Path | None, bump: Bump | None = None
+) -> bool:
     """Detect a Redis restored from an older snapshot; bump the epoch otherwise.
 
     The epoch counter lives in Redis and, as last seen, in the state file. A
     Redis whose epoch is below what this gateway saw went back in time: fences
     and outcomes written since may be gone. It is quarantined (its markers
     removed, so every script fails closed) until ``init --confirm-data-loss``.
+
+    ``bump`` increments the epoch instead of a plain ``INCR`` (with ``redis.replicas_acked``:
+    through the acknowledged auto-pipeline, so a bump a failover then loses is never written
+    to the state file, which would make the promoted replica look restored from a backup).
     Not on Cluster (see the module's docstring): always True there.
     """
     if is_cluster(client):
@@ -224,7 +233,7 @@ async def epoch_check(client: aioredis.Redis, state_file: Path | None) -> bool:
             "`fencegate init --confirm-data-loss`",
         )
         return False
-    write_state(state_file, int(await client.incr(EPOCH)))
+    write_state(state_file, int(await (bump() if bump is not None else client.incr(EPOCH))))
     return True
 
 

@@ -52,7 +52,8 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, RedisError,
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.batching import Batcher, NotSent
-from gateway.store.keys import SLOTS, key_slot
+from gateway.store.keys import SLOTS, key_slot, slot_tags
+from gateway.store.replication import AckPolicy, NotReplicated
 
 __all__ = ["ClusterRouter", "NotRun", "key_slot_of", "parse_slots"]
 
@@ -122,12 +123,16 @@ class ClusterRouter:
         *,
         max_connections: int,
         slot_seen: Mapping[int, int] | None = None,
+        ack: AckPolicy | None = None,
     ) -> None:
         self._seeds = [f"{host}:{port}" for host, port in seeds]
         self._kwargs = dict(connection_kwargs)
         self._timeout = float(self._kwargs.get("socket_timeout") or 5.0)
         self._max_connections = max_connections
         self._seen = slot_seen if slot_seen is not None else {}
+        # replicas_acked: every node's batches end with the acknowledgement's tail
+        # (gateway.store.replication), its covering write in a slot that node serves
+        self.ack = ack
         self.owners: list[str | None] = [None] * SLOTS
         self._nodes: dict[str, Batcher] = {}
         self._refresh: asyncio.Task[None] | None = None
@@ -145,6 +150,14 @@ class ClusterRouter:
     @property
     def commands(self) -> int:
         return self._retired_commands + sum(b.commands for b in self._nodes.values())
+
+    @property
+    def ack_failures(self) -> tuple[int, int] | None:
+        """(batches, commands) the replicas did not acknowledge, all nodes; None: no ack."""
+        if self.ack is None:
+            return None
+        got = [b.ack_failures or (0, 0) for b in self._nodes.values()]
+        return sum(g[0] for g in got), sum(g[1] for g in got)
 
     def evalsha(
         self, sha: str, source: str, keys: Sequence[str], args: Sequence[str]
@@ -194,8 +207,16 @@ class ClusterRouter:
             pool = aioredis.BlockingConnectionPool(
                 host=host, port=port, max_connections=self._max_connections, **self._kwargs
             )
-            batcher = self._nodes[addr] = Batcher(aioredis.Redis(connection_pool=pool))
+            batcher = Batcher(aioredis.Redis(connection_pool=pool), self.ack)
+            self._nodes[addr] = batcher
+            self._cover(addr, batcher)
         return batcher
+
+    def _cover(self, addr: str, batcher: Batcher) -> None:
+        """The covering write of a node's acknowledgement goes to a slot the map says it
+        serves (a batch's first key may be a slot it no longer serves, or one it imports)."""
+        slot = next((s for s, a in enumerate(self.owners) if a == addr), None)
+        batcher.cover_key = None if slot is None else "{" + slot_tags()[slot] + "}"
 
     def _send(
         self, slot: int, command: tuple[Any, ...], source: str | None, resend: bool
@@ -221,7 +242,7 @@ class ClusterRouter:
             error = done.exception()
             if error is None:
                 outer.set_result(done.result())
-            elif isinstance(error, _REDIRECTED):
+            elif isinstance(error, _REDIRECTED) and not isinstance(error, NotReplicated):
                 task = asyncio.ensure_future(
                     self._redirected(slot, command, source, resend, owner, error)
                 )
@@ -246,6 +267,8 @@ class ClusterRouter:
         asking: str | None = None
         backoff = 0.01
         for _ in range(_MAX_REDIRECTS * 4):
+            if isinstance(error, NotReplicated):  # it ran; its 503 is the acknowledgement's
+                raise error
             if error is not None:
                 if isinstance(error, MovedError):
                     self.redirects["moved"] += 1
@@ -342,6 +365,8 @@ class ClusterRouter:
                 )
             self.owners = owners
             self._refreshed_at = time.monotonic()
+            for node, batcher in self._nodes.items():
+                self._cover(node, batcher)
             return
         self._refreshed_at = time.monotonic()
         log.warning("cluster_map_unreadable", tried=order)

@@ -25,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.core.errors import StoreUnavailable
 from gateway.store.cluster import connect_cluster
+from gateway.store.replication import NotReplicated
 
 SCRIPT_NAMES = (
     "admit-5",
@@ -88,6 +89,10 @@ def _unavailable(exc: Exception) -> StoreUnavailable | None:
                 return StoreUnavailable("Redis is out of memory (maxmemory): nothing was done")
             return StoreUnavailable(f"Redis refused the command: {exc}")
         return None
+    if isinstance(exc, NotReplicated):  # the script ran; its reply must not leave (replicas)
+        unacked = StoreUnavailable(str(exc))
+        unacked.unacknowledged = True
+        return unacked
     return StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}")
 
 

@@ -188,7 +188,7 @@ class Downstream:
 def script_shas() -> dict[str, bytes]:
     """SHA-1 of each deciding script exactly as the gateway sends it (EVALSHA), by name without
     its key count ("admit", "relay", ...): the Redis proxy arms faults on one script's calls."""
-    from gateway.store import store
+    from gateway.store import scripts as store
 
     out: dict[str, bytes] = {}
     for name in store.SCRIPT_NAMES:
