@@ -156,6 +156,8 @@ class ValkeyCluster:
             "--cluster-node-timeout", str(self.node_timeout_ms),
             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
             "--maxmemory-policy", "noeviction", "--dir", str(node.data_dir),
+            # a replica's full sync starts at once (default: 5 s wait for other replicas)
+            "--repl-diskless-sync-delay", "0",
             "--logfile", "valkey.log", "--daemonize", "no", "--protected-mode", "yes",
             *self.extra_args,
         ]  # fmt: skip
@@ -408,12 +410,19 @@ class ValkeyCluster:
         self._until(ok, timeout, "cluster_state:ok on every live node")
 
     def _replicas_synced(self) -> bool:
+        """Every live replica's link is up, and its primary counts it ``online`` (not still in
+        its full sync: WAIT counts only online replicas)."""
         for node in self.nodes:
             if not self._up(node):
                 continue
-            info = str(self.client(node).execute_command("INFO", "replication"))
-            if "role:slave" in info and "master_link_status:up" not in info:
+            info = self.client(node).info("replication")
+            if info.get("role") == "slave" and info.get("master_link_status") != "up":
                 return False
+            if info.get("role") == "master":
+                for key, value in info.items():
+                    slave = key.startswith("slave") and isinstance(value, dict)
+                    if slave and value.get("state") != "online":
+                        return False
         return True
 
     def wait_synced(self, timeout: float = 20.0) -> None:
