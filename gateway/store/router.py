@@ -306,7 +306,7 @@ class ClusterRouter:
                     if self.owners[slot] in (None, tried):
                         break
                     self.redirects["failover"] += 1
-                if source is not None and may_have_run:
+                if source is not None:  # a script about to be sent again: SEEN as of now
                     command = self._reseen(slot, command)
             elif self.owners[slot] is None:
                 await self.refresh()

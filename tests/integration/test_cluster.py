@@ -294,3 +294,16 @@ async def test_replicas_acked_on_a_cluster_waits_per_primary(
             break
         await asyncio.sleep(0.1)
     assert again.status == 200, await again.text()
+
+
+def test_a_resent_script_carries_the_slot_counter_seen_by_then() -> None:
+    """The prelude's SEEN (ARGV[#ARGV - 1]) of a script sent again after a redirection or a
+    lost reply is the highest counter of its slot seen when it is re-sent, not when it was
+    first sent: a new owner behind a reply given meanwhile answers {8, 'behind'}."""
+    seen: dict[int, int] = {}
+    router = ClusterRouter([("127.0.0.1", 1)], {}, max_connections=1, slot_seen=seen)
+    command = ("EVALSHA", "sha", 2, "k1", "k2", "arg", "rid", "60000", "5", "")
+    seen[7] = 9
+    assert router._reseen(7, command) == (*command[:-2], "9", "")
+    seen[7] = 3  # never lowered below what the command already carried
+    assert router._reseen(7, command) == command
