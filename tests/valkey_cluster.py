@@ -17,7 +17,7 @@ API (everything synchronous; from async code wrap slow calls in ``asyncio.to_thr
     cluster.write_markers()          # fencegate's durability markers, as `fencegate init` would
     cluster.kill(node)               # kill -9; cluster.restart(node) brings it back (same data)
     cluster.pause(node) / cluster.resume(node)   # SIGSTOP / SIGCONT
-    cluster.failover(replica, mode="")           # CLUSTER FAILOVER [FORCE|TAKEOVER], wait_ok
+    cluster.failover(replica, mode="")           # CLUSTER FAILOVER [FORCE|TAKEOVER], wait whole
     cluster.wait_primary(node, timeout)          # until that node is a primary with slots
     cluster.wait_synced(timeout)     # every live replica's link to its primary is up
     cluster.wait_ok(timeout)         # every live node: cluster_state ok, one agreed slot map
@@ -278,6 +278,7 @@ class ValkeyCluster:
         self.client(replica).execute_command(*args)
         self.wait_primary(replica, timeout)
         self.wait_ok(timeout)
+        self.wait_synced(timeout)  # the old primary, now its replica, counted online again
 
     def wait_primary(self, node: Node, timeout: float = 15.0) -> None:
         self._until(lambda: self._serves_slots(node), timeout, f"{node} became a primary")

@@ -47,13 +47,16 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.exceptions import AskError, ClusterDownError, NoScriptError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.replication import AckPolicy, AckStatus, first_key
 
 __all__ = ["Batcher", "NotSent"]
+
+# Cluster answers that mean the command did not run on that node (MovedError is an AskError)
+_NOT_RUN = (AskError, TryAgainError, ClusterDownError)
 
 
 class NotSent(RedisConnectionError):
@@ -233,7 +236,10 @@ class Batcher:
             if reason:  # not one reply of this batch may leave: they all depend on it
                 failure = self.ack.failure(reason)
                 for call in calls:
-                    _settle(call, failure)
+                    # ... but a Cluster redirection says the command did not run there: it
+                    # goes back to the router as it is, to be sent where its slot lives
+                    own = call.reply if isinstance(call.reply, _NOT_RUN) else failure
+                    _settle(call, own)
                 return
         for call in calls:
             if call.answered:

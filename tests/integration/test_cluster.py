@@ -239,7 +239,7 @@ async def test_tenant_feed_is_best_effort(
     """The feed (fg:audit:<t>) lives in another slot than the job: written in its own command
     after the verdict. Its primary stopped (for less than the node timeout: no failover, no
     CLUSTERDOWN), the verdicts still hold."""
-    gw: Gateway = await make_gateway(redis={"timeout_seconds": 0.3})
+    gw: Gateway = await make_gateway(redis={"timeout_seconds": 0.3, "replicas_acked": 0})
     feed_node = valkey_cluster.owner(key_slot_of("fg:audit:default"))
     job = next(
         j for p, j in jobs_on_distinct_primaries(valkey_cluster).items() if p != feed_node.port
