@@ -207,6 +207,8 @@ class ClusterRouter:
         nodes = self._plain if plain and self.ack is not None else self._nodes
         batcher = nodes.get(addr)
         if batcher is None:
+            if self._closed:  # a redirection still in flight at shutdown: no new pool
+                raise NotRun("the gateway is shutting down")
             host, port = _split(addr)
             pool = aioredis.BlockingConnectionPool(
                 host=host,
