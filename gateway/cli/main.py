@@ -9,6 +9,7 @@ marker missing, non-durable Redis, open gateway on a non-loopback address).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -17,11 +18,13 @@ import redis
 
 from adapters.registry import AdapterConfigError
 from gateway import __version__
+from gateway.cli import outputs as outputs_cli
 from gateway.cli.admin import cmd_check_config, cmd_example_config, cmd_init, cmd_keys_new
 from gateway.cli.common import EXIT_CONFIG, EXIT_RUNTIME
 from gateway.cli.jobs import cmd_audit, cmd_job
 from gateway.cli.serve import cmd_serve
 from gateway.core.errors import FencegateError
+from gateway.objects import runtime_started
 from gateway.runtime.settings import NAME_RE, ConfigError
 
 if TYPE_CHECKING:
@@ -62,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     # chaos testing only: die at a point of the effect flow
     serve.add_argument(
         "--chaos-crash-at",
-        choices=["before_admit", "after_admit", "after_dispatch", "after_record"],
+        choices=[
+            "before_admit",
+            "after_admit",
+            "after_dispatch",
+            "after_record",
+            "after_output_write",
+        ],
         help=argparse.SUPPRESS,
     )
     serve.add_argument("--chaos-crash-rate", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -96,11 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--tenant", default="default", type=_tenant)
     new.set_defaults(func=cmd_keys_new)
 
+    outputs_cli.add_parser(sub)
+
     demo = sub.add_parser("demo", help="run the zombie-worker timeline end to end, locally")
     demo.set_defaults(func=cmd_demo)
 
     for name, helptext in (
-        ("job", "show a job's fence and effects"),
+        ("job", "show a job's fence, effects, checkpoints, outputs and completion"),
         ("audit", "list rejected calls"),
     ):
         p = sub.add_parser(name, help=helptext)
@@ -134,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _run(argv)
+    if argv is None and runtime_started():
+        # the process's own command line, and it used obstore, whose Rust runtime is never
+        # shut down and can abort the interpreter's finalization (SIGABRT after all the
+        # work is done; gateway.objects.store.runtime_started): everything is closed and
+        # written by now, so flush and leave without finalizing
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)

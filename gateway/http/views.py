@@ -14,8 +14,12 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from gateway.core.errors import Forbidden, InvalidRequest, NotFound
+from gateway.fencing.resolution import resolve_step
 from gateway.http import appkeys as K
+from gateway.http.attention import get_attention
+from gateway.http.jobout import job_state_out
 from gateway.http.models import (
+    AttentionPageOut,
     AuditEntryOut,
     AuditPageOut,
     CancelOut,
@@ -70,9 +74,11 @@ class Route:
 
 
 async def register_generation(request: web.Request) -> web.Response:
-    keys = _job(request, "scheduler")
+    keys, principal = _job_as(request, "scheduler")
     body: RegisterBody = await _body(request, RegisterBody, empty_ok=True)
-    reg = await request.app[K.STORE].register(keys, body.generation, body.lease_ms)
+    reg = await request.app[K.STORE].register(
+        keys, body.generation, body.lease_ms, by=principal.who
+    )
     bind(generation=reg.generation)
     request.app[K.METRICS].registrations.labels("created" if reg.created else "current").inc()
     signer = request.app[K.SIGNER]
@@ -87,10 +93,10 @@ async def register_generation(request: web.Request) -> web.Response:
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    keys = _job(request, "worker")
+    keys, principal = _job_as(request, "worker")
     worker_id = _worker_id(request)
     gen = await _generation(request, keys, worker_id=worker_id)
-    _, lease = await request.app[K.STORE].heartbeat(keys, gen, worker_id or "")
+    _, lease = await request.app[K.STORE].heartbeat(keys, gen, worker_id or "", by=principal.who)
     out = HeartbeatOut(
         job_id=keys.job_id, generation=gen, current=True, lease_expires_at=iso_ms(lease)
     )
@@ -98,7 +104,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 
 async def perform_effect(request: web.Request) -> web.Response:
-    keys = _job(request, "worker")
+    keys, principal = _job_as(request, "worker")
     step = _step(request)
     worker_id = _worker_id(request)
     body: EffectBody = await _body(request, EffectBody)
@@ -114,6 +120,7 @@ async def perform_effect(request: web.Request) -> web.Response:
         payload=body.payload,
         worker_id=worker_id,
         respond_async=respond_async,
+        by=principal.who,
     )
     bind(outcome="replayed" if res.replayed else res.state)
     if res.state in ("pending", "dispatching"):  # accepted for the relay
@@ -155,11 +162,9 @@ async def resolve_effect(request: web.Request) -> web.Response:
     keys, principal = _job_as(request, "auditor")
     step = _step(request)
     body: ResolveBody = await _body(request, ResolveBody)
-    if body.outcome == "not_delivered" and body.result is not None:
-        raise InvalidRequest("a result only goes with outcome 'delivered'")
-    record = await request.app[K.STORE].resolve(
-        keys, step, delivered=body.outcome == "delivered", result=body.result,
-        operator=f"operator:{principal.role}",
+    record = await resolve_step(
+        request.app[K.STORE], keys, step, delivered=body.outcome == "delivered",
+        result=body.result, role=principal.role, by=principal.who,
     )  # fmt: skip
     return respond(_record_out(keys.job_id, step, record))
 
@@ -169,6 +174,7 @@ async def get_job(request: web.Request) -> web.Response:
     view = await request.app[K.STORE].job(keys)
     if view is None:
         raise NotFound(f"no job {keys.job_id!r} is known")
+    state = await request.app[K.JOBSTATE].view(keys)  # completion, checkpoints, outputs
     out = JobOut(
         job_id=keys.job_id,
         fence=view.fence,
@@ -176,6 +182,7 @@ async def get_job(request: web.Request) -> web.Response:
         lease_expires_at=iso_ms(view.lease_expires_at_ms),
         cancelled=view.cancelled,
         effects={s: _record_out(keys.job_id, s, r) for s, r in view.effects.items()},
+        **job_state_out(keys.job_id, state),
     )
     return respond(out)
 
@@ -217,6 +224,7 @@ async def audit_rejections(request: web.Request) -> web.Response:
             current=e.current,
             worker_id=e.worker_id,
             adapter=e.adapter,
+            by=e.by,
         )
         for e in entries
     ]
@@ -313,7 +321,7 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/jobs/{job}",
         get_job,
-        "Fence, lease, cancelled flag and effects of a job",
+        "Fence, lease, cancelled flag, effects, checkpoints, outputs and completion of a job",
         roles=("scheduler", "auditor"),
         responses={200: JobOut},
         problems=(400, 401, 403, 404, 503),
@@ -322,10 +330,10 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/jobs/{job}/cancel",
         cancel_job,
-        "Cancel a job: every later call and registration is refused",
+        "Cancel a job: every later call and registration is refused (not a completed job)",
         roles=("scheduler",),
         responses={200: CancelOut},
-        problems=(400, 401, 403, 415, 503),
+        problems=(400, 401, 403, 409, 415, 503),
     ),
     Route(
         "GET",
@@ -335,6 +343,16 @@ ROUTES: tuple[Route, ...] = (
         roles=("auditor",),
         responses={200: AuditPageOut},
         query=("job", "limit", "cursor"),
+        problems=(400, 401, 403, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/attention",
+        get_attention,
+        "Steps that need an operator's decision: outcome unknown, or dispatching past the deadline",
+        roles=("auditor",),
+        responses={200: AttentionPageOut},
+        query=("limit", "cursor"),
         problems=(400, 401, 403, 503),
     ),
     Route("GET", "/healthz", healthz, "The process is up", responses={200: HealthOut}),

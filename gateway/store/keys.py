@@ -11,6 +11,13 @@ so the tag is unambiguous.
 ``fg:{t/j}:steps``      set of the job's step names (for the job view). TTL = retention.
 ``fg:{t/j}:audit``      stream: the job's rejections, written atomically by the
                         deciding script. TTL = retention.
+``fg:{t/j}:ckpt``       hash: the job's checkpoints, ``<name>`` → JSON ``{generation,
+                        value, worker, at_ms}``. TTL = retention.
+``fg:{t/j}:outputs``    hash: the job's attempt-scoped outputs, ``<generation>/<name>`` →
+                        JSON ``{state: staged|recorded, key, size, sha256, content_type,
+                        staged_ms, recorded_ms, presigned}`` (written by
+                        gateway.fencing.outputs; no TTL). The job hash's ``completed``
+                        field holds the promoted ones.
 ``fg:audit:<t>``        stream: the tenant-wide audit feed (a copy of each entry,
                         appended right after the deciding script), trimmed by age.
 ``fg:marker``           the durability marker written by ``fencegate init``.
@@ -23,6 +30,18 @@ so the tag is unambiguous.
                         admit, read by the relay (fair across tenants). A hint lost
                         in a crash is found again by the sweep of every slot queue.
 ``fg:relay:tenants``    set of the tenants that have hints.
+``fg:nd:{<s>}``         the "needs a decision" index of one slot: sorted set of
+                        ``[tenant, job, step]``; a step whose outcome is unknown
+                        (score: when it became unknown) or that is dispatching
+                        (score: its deadline). Written by every script that changes
+                        a step's state, atomically with it. The truth.
+``fg:nd:t:<t>``         per tenant: a hint of the entries of every slot that need a
+                        decision now (unknown, or dispatching past the deadline);
+                        written after the verdict, rebuilt by the reconciler from the
+                        slots' indexes. Read by ``GET /v1/attention`` and the console.
+``fg:nd:tenants``       set of the tenants that have such hints.
+``fg:nd:turn``          the gateway that reconciles the hints this interval (SET NX PX).
+``fg:chain:t:<t>``      per tenant: the summary of the last audit chain check (JSON).
 ``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
                         the one a gateway last saw came back from an older snapshot.
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
@@ -44,11 +63,16 @@ from dataclasses import dataclass
 __all__ = [
     "EPOCH",
     "MARKER",
+    "NEEDS_TENANTS",
+    "NEEDS_TURN",
     "RELAY_TENANTS",
     "SLOTS",
     "JobKeys",
     "audit_feed",
+    "chain_check",
     "key_slot",
+    "needs_hint",
+    "needs_index",
     "relay_hint",
     "relay_queue",
     "slot_marker",
@@ -58,6 +82,8 @@ __all__ = [
 MARKER = "fg:marker"
 EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
 RELAY_TENANTS = "fg:relay:tenants"  # set: tenants with relay hints
+NEEDS_TENANTS = "fg:nd:tenants"  # set: tenants with "needs a decision" hints
+NEEDS_TURN = "fg:nd:turn"  # which gateway reconciles the hints this interval (SET NX PX)
 PREFIX = "fg:"
 SLOTS = 16384
 
@@ -95,6 +121,19 @@ def relay_hint(tenant: str) -> str:
     return "fg:relay:t:" + tenant
 
 
+def needs_index(slot: int) -> str:
+    """The "needs a decision" index of one slot (written by the scripts of its jobs)."""
+    return "fg:nd:{" + slot_tags()[slot] + "}"
+
+
+def needs_hint(tenant: str) -> str:
+    return "fg:nd:t:" + tenant
+
+
+def chain_check(tenant: str) -> str:
+    return "fg:chain:t:" + tenant
+
+
 @dataclass(frozen=True, slots=True)
 class JobKeys:
     """The keys of one job of one tenant."""
@@ -120,6 +159,11 @@ class JobKeys:
         """The relay queue in this job's slot."""
         return relay_queue(self.slot)
 
+    @property
+    def needs(self) -> str:
+        """The "needs a decision" index in this job's slot."""
+        return needs_index(self.slot)
+
     def member(self, step: str) -> str:
         """This step's member in the relay queue and the tenant's hint."""
         return json.dumps([self.tenant, self.job_id, step], separators=(",", ":"))
@@ -138,6 +182,14 @@ class JobKeys:
     @property
     def audit(self) -> str:
         return f"fg:{self.tag}:audit"
+
+    @property
+    def ckpt(self) -> str:
+        return f"fg:{self.tag}:ckpt"
+
+    @property
+    def outputs(self) -> str:
+        return f"fg:{self.tag}:outputs"
 
     def effect(self, step: str) -> str:
         return f"fg:{self.tag}:fx:{step}"

@@ -8,6 +8,7 @@
     KEYS[3] job audit stream  fg:{t/j}:audit
     KEYS[4] job steps set     fg:{t/j}:steps
     KEYS[5] relay queue of this slot  fg:rq:{<s>}   (member: ARGV[15])
+    KEYS[6] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[15])
     ARGV[1]  generation presented (decimal)
     ARGV[2]  registration mode: 'required' | 'implicit'
     ARGV[3]  intent sha256 (hex)
@@ -21,23 +22,36 @@
     ARGV[14] '' for a synchronous call; the payload JSON for an async call (Prefer:
              respond-async): the intent is recorded 'pending' and queued for a relay
     ARGV[15] the relay queue member of this step (JSON [tenant, job, step])
+    ARGV[16] who calls (the key's name, else its role): recorded with an implicit registration
 
   Output:
-    {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id}
+    {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
                              admitted: the caller holds the step (resolving = '1': the step
                              was unknown and is looked up first)
     {1, field, value, ...}   replay: the recorded effect (succeeded | failed)
-    {2, retry_after_ms}      another dispatch holds the step
+    {2, retry_after_ms, registered_audit_id}   another dispatch holds the step
     {3, field, value, ...}   outcome unknown and the adapter cannot resolve it
-    {4, superseded_audit_id} async: recorded 'pending' and queued for the relay
+    {4, superseded_audit_id, registered_audit_id}
+                             async: recorded 'pending' and queued for the relay
     {5, field, value, ...}   async repeat: the relay has the step already (pending or dispatching)
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
     {10}                     voided: the gateway gave this request up before it ran
+
+  A completed job (field 'completed' of the job hash, see complete-3.lua) takes no new
+  dispatch from any generation: a call that would pin, queue or claim the step is
+  rejected 'job_completed' (audited); a recorded outcome still replays, a step in flight
+  still answers where it is. No generation is raised after a completion.
 
   A pending step queued by an older generation was never claimed, so nothing was
   sent: the current generation supersedes it (audited as 'superseded') and pins
   its own intent. The stored async payload always belongs to the pinned intent
   (payload_sha); a synchronous pin drops it and the queue entry.
+
+  Implicit registration mode raises the fence to a higher generation presented: that is a
+  registration, recorded in the job's audit chain ('event' = 'registered', by ARGV[16]);
+  registered_audit_id names it ('' when nothing was registered; the replies carrying the
+  effect record leave it out, the job's next audit entry anchors it).
+  Every state change of the step updates the slot's "needs a decision" index (index()).
 ]]
 local gen = tonumber(ARGV[1])
 local now = now_ms()
@@ -45,6 +59,7 @@ local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
 local fence = tonumber(job[1]) or 0
 local member = ARGV[15]
 local raised = false  -- implicit mode raised the fence: a read-only answer is a write too
+local registered = ''  -- the audit entry of that registration
 
 -- an answer that changed nothing, unless the fence was raised on the way
 local function answer(reply)
@@ -61,11 +76,19 @@ end
 
 if job[2] == '1' then return reject('job_cancelled') end
 if gen < fence then return reject('stale_generation') end
+-- read only on the paths that would dispatch (or raise the fence): not on a replay
+local function completed()
+  return redis.call('HEXISTS', KEYS[1], 'completed') == 1
+end
 if gen > fence then
+  if completed() then return reject('job_completed') end
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   -- implicit mode: classic highest-seen fencing; a new generation has no lease
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
   redis.call('PERSIST', KEYS[1])  -- a fence never expires
+  registered = audit(KEYS[3], KEYS[1], ARGV[8], now, {
+    'tenant', ARGV[13], 'job_id', ARGV[10], 'event', 'registered', 'generation', ARGV[1],
+    'previous', fmt(fence), 'by', ARGV[16], 'mode', 'implicit', 'worker_id', ARGV[12]})
   fence = gen
   raised = true
 else
@@ -85,6 +108,7 @@ local function touch()
 end
 
 local function claim(resolving)
+  if completed() then return reject('job_completed') end
   local deadline = now + tonumber(ARGV[7])
   redis.call('HSET', KEYS[2], 'state', 'dispatching', 'intent_sha256', ARGV[3],
     'adapter', ARGV[4], 'operation', ARGV[5], 'dispatch_id', ARGV[6],
@@ -99,18 +123,21 @@ local function claim(resolving)
     redis.call('HDEL', KEYS[2], 'result', 'error')
   end
   redis.call('HINCRBY', KEYS[2], 'attempts', 1)
+  index(KEYS[6], member, 'dispatching', fmt(deadline))
   touch()
-  return done({0, ARGV[6], fmt(fence), fmt(deadline), resolving, superseded})
+  return done({0, ARGV[6], fmt(fence), fmt(deadline), resolving, superseded, registered})
 end
 
 local function enqueue()
+  if completed() then return reject('job_completed') end
   redis.call('HSET', KEYS[2], 'state', 'pending', 'intent_sha256', ARGV[3], 'adapter', ARGV[4],
     'operation', ARGV[5], 'payload', ARGV[14], 'payload_sha', ARGV[3], 'relay', '1',
     'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[12])
   redis.call('HDEL', KEYS[2], 'result', 'error', 'dispatch_id', 'deadline', 'resolving')
   redis.call('ZADD', KEYS[5], now, member)
+  index(KEYS[6], member, 'pending')
   touch()
-  return done({4, superseded})
+  return done({4, superseded, registered})
 end
 
 local function pin()
@@ -119,6 +146,7 @@ local function pin()
 end
 
 if not state then
+  if completed() then return reject('job_completed') end
   redis.call('HSET', KEYS[2], 'created_at', fmt(now))
   return pin()
 end
@@ -126,6 +154,7 @@ end
 if state == 'released' then return pin() end
 
 if state == 'pending' and (tonumber(fx[5]) or 0) < gen then
+  if completed() then return reject('job_completed') end
   -- queued by an older generation and never claimed: nothing was sent. Supersede it.
   superseded = audit(KEYS[3], KEYS[1], ARGV[8], now, {
     'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', 'superseded',
@@ -139,7 +168,7 @@ if fx[2] ~= ARGV[3] then return reject('intent_mismatch', fx[2]) end
 if state == 'pending' then
   -- the relay has it: an async repeat is accepted again, a sync call waits
   if ARGV[14] ~= '' then return answer({5, unpack(redis.call('HGETALL', KEYS[2]))}) end
-  return answer({2, '1000'})
+  return answer({2, '1000', registered})
 end
 
 local marked = false
@@ -152,13 +181,14 @@ if state == 'dispatching' then
     if ARGV[14] ~= '' and fx[6] == '1' and tonumber(fx[5]) == gen then
       return answer({5, unpack(redis.call('HGETALL', KEYS[2]))})
     end
-    return answer({2, fmt(deadline - now)})
+    return answer({2, fmt(deadline - now), registered})
   end
   -- the holder died or stalled past its deadline: the outcome is not known
   redis.call('HSET', KEYS[2], 'state', 'unknown', 'updated_at', fmt(now),
     'error', '{"reason":"dispatch deadline passed without a recorded outcome"}')
   redis.call('HDEL', KEYS[2], 'payload', 'payload_sha', 'relay')
   redis.call('ZREM', KEYS[5], member)
+  index(KEYS[6], member, 'unknown', fmt(now))
   state = 'unknown'
   marked = true
 end
