@@ -204,11 +204,11 @@ class ClusterRouter:
 
     # -- routing -----------------------------------------------------------------
     def _node(self, addr: str, *, plain: bool = False) -> Batcher:
+        if self._closed:  # e.g. a redirection still in flight at shutdown: a closed batcher
+            raise NotRun("the gateway is shutting down")  # would open a connection, and leak it
         nodes = self._plain if plain and self.ack is not None else self._nodes
         batcher = nodes.get(addr)
         if batcher is None:
-            if self._closed:  # a redirection still in flight at shutdown: no new pool
-                raise NotRun("the gateway is shutting down")
             host, port = _split(addr)
             pool = aioredis.BlockingConnectionPool(
                 host=host,
