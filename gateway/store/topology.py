@@ -260,8 +260,16 @@ async def watch(
     A change of the problems found is logged (an error while there are any)."""
     last: list[str] | None = None
     while True:
+        # a check is never cut by a cancellation (the shutdown): cut while redis-py opens a
+        # connection, that connection is left unclosed; each node's I/O is bounded instead
+        check = asyncio.ensure_future(check_topology(url, replicas, io_timeout=io_timeout))
         try:
-            topology = await check_topology(url, replicas, io_timeout=io_timeout)
+            topology = await asyncio.shield(check)
+        except asyncio.CancelledError:
+            await asyncio.wait([check])
+            if not check.cancelled():
+                check.exception()  # retrieved
+            raise
         except Exception as exc:  # a check that fails is a problem, never the end of the loop
             log.exception("topology_check_failed")
             topology = Topology([], [f"the topology check failed: {exc!r}"], [])
