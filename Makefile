@@ -60,6 +60,7 @@ bench-soak: $(STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos.harness --long $(CHAOS_ARGS)
+	$(BIN)/python -m tests.chaos.replicas --long $(CHAOS_ARGS)
 	$(BIN)/python -m tests.model.explore --bound large
 
 demo: $(STAMP)
@@ -72,6 +73,7 @@ hostile: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.cluster $(BENCH_CLUSTER_ARGS)
 
 profile: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[profile]'

@@ -29,7 +29,13 @@ def cmd_init(args: argparse.Namespace) -> int:
     url, embedded = _cli_redis_url(settings)
     try:
         result = asyncio.run(
-            _init(url, data_dir / "fencegate.state", auto=False, confirm=args.confirm_data_loss)
+            _init(
+                url,
+                data_dir / "fencegate.state",
+                auto=False,
+                confirm=args.confirm_data_loss,
+                cluster=settings.redis.cluster,
+            )
         )
     finally:
         if embedded is not None:

@@ -1,5 +1,6 @@
 """``fencegate serve``: one process or a supervisor of ``--workers N``, the event loop, the
-safety refusals (open gateway off loopback, non-durable external Redis)."""
+safety refusals (open gateway off loopback, non-durable external Redis, a replication
+topology ``redis.replicas_acked`` cannot rely on)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,34 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def check_replication(settings: Settings) -> bool:
+    """With ``redis.replicas_acked``: the topology it relies on (gateway.store.topology), or a
+    refusal to start (unless ``allow_volatile``, which starts with a loud warning)."""
+    replicas = settings.redis.replicas_acked
+    if not replicas:
+        return True
+    from gateway.store.topology import check_topology
+
+    topology = asyncio.run(
+        check_topology(settings.redis.url, replicas, io_timeout=settings.redis.timeout_seconds)
+    )
+    for warning in topology.warnings:
+        log.warning("replication_topology_warning", detail=warning)
+    if topology.ok:
+        log.info("replication_topology_ok", replicas_acked=replicas, shards=topology.summary())
+        return True
+    detail = "; ".join(topology.problems)
+    if settings.redis.allow_volatile:
+        log.warning("REPLICATION_UNSUPPORTED", detail=detail, allowed_by="allow_volatile")
+        return True
+    log.error(
+        "replication_topology_unsupported",
+        detail=detail,
+        hint="fix the replicas, change redis.replicas_acked, or pass --allow-volatile-redis",
+    )
+    return False
 
 
 def check_external_durability(url: str, allow_volatile: bool) -> bool:
@@ -124,7 +153,12 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     # the embedded Redis (its data in data_dir) is initialised at its first start; an
     # external one only by `fencegate init`, or with redis.auto_init
     write = not settings.redis.url or settings.redis.auto_init
-    result = asyncio.run(_init(url, data_dir / "fencegate.state", auto=True, write=write))
+    result = asyncio.run(
+        _init(
+            url, data_dir / "fencegate.state", auto=True, write=write,
+            cluster=settings.redis.cluster,
+        )
+    )  # fmt: skip
     log.info("workers_starting", workers=args.workers, durability_marker=result)
     # The URL (it may hold a password) goes by environment, never on a command line: a
     # process's argv is readable by every local user (ps), its environment only by its owner.
@@ -182,8 +216,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         if settings.redis.url:
             url = settings.redis.url
-            if not check_external_durability(url, settings.redis.allow_volatile):
+            if settings.redis.cluster:
+                from gateway.cli.cluster_check import check_cluster_durability
+
+                if not check_cluster_durability(url, settings.redis.allow_volatile):
+                    return EXIT_REFUSED
+            elif not check_external_durability(url, settings.redis.allow_volatile):
                 return EXIT_REFUSED
+            if not check_replication(settings):
+                return EXIT_REFUSED
+        elif settings.redis.replicas_acked:
+            log.error(
+                "refusing_to_start",
+                detail="redis.replicas_acked needs an external Redis with replicas (redis.url); "
+                "the embedded Redis has none",
+            )
+            return EXIT_REFUSED
         else:
             embedded = EmbeddedRedis(data_dir)
             url = embedded.start()

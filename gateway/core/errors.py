@@ -293,6 +293,9 @@ class StoreUnavailable(FencegateError):
     # True when a script was sent and no reply came: it may have run (the store re-sends
     # it with the same request id to learn its verdict).
     maybe_applied: bool = False
+    # True when the script ran and answered but R replicas did not acknowledge its writes
+    # ([redis] replicas_acked): its verdict was withheld (re-sending it only waits again).
+    unacknowledged: bool = False
 
 
 class GatewayUnreachable(FencegateError):

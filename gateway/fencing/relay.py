@@ -134,6 +134,8 @@ class Relaying(Dispatcher):
                 maybe = maybe or exc.maybe_applied
                 if not maybe:
                     return None
+                if exc.unacknowledged:  # it ran; its replicas lag: sending again only waits
+                    break
         if not await self._void(keys, step, dispatch_id):
             self._voids.add((keys, step, dispatch_id))
         return None

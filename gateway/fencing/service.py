@@ -137,14 +137,16 @@ class EffectService(Relaying):
             if not exc.maybe_applied:
                 raise
             failure = exc
-        # The admit was sent and not answered: it may have run. Once more, same request id.
-        await asyncio.sleep(0.05)
-        try:
-            return await self._store.admit(
-                keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
-            )
-        except StoreUnavailable:
-            pass  # the first one may still have run
+        # The admit was sent and not answered: it may have run. Once more, same request id
+        # (not when it ran and only its replicas did not acknowledge: that would only wait again).
+        if not failure.unacknowledged:
+            await asyncio.sleep(0.05)
+            try:
+                return await self._store.admit(
+                    keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
+                )
+            except StoreUnavailable:
+                pass  # the first one may still have run
         if payload_json:
             raise StoreUnavailable(
                 "Redis did not answer the admit: the call may have been queued for the relay. "

@@ -49,7 +49,10 @@ from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import ConfigError, Settings, read_secret
 from gateway.store import anchors as anchors_module
 from gateway.store.jobstate import JobState
+from gateway.store.replication import AckPolicy
 from gateway.store.store import Store, connect
+from gateway.store.topology import Topology
+from gateway.store.topology import watch as watch_topology
 
 __all__ = ["create_app"]
 
@@ -111,6 +114,15 @@ async def _request_middleware(
     return response
 
 
+def _ack_policy(settings: Settings) -> AckPolicy | None:
+    redis = settings.redis
+    return (
+        AckPolicy(redis.replicas_acked, redis.replica_ack_timeout_ms)
+        if redis.replicas_acked
+        else None
+    )
+
+
 def create_app(
     settings: Settings,
     *,
@@ -152,6 +164,7 @@ def create_app(
             redis_url,
             timeout=settings.redis.timeout_seconds,
             max_connections=settings.redis.max_connections,
+            cluster=settings.redis.cluster,
         )
         store = Store(
             client,
@@ -161,6 +174,7 @@ def create_app(
             state_file=state_file,
             request_memory_seconds=settings.redis.request_memory_seconds,
             audit_key=audit_keys[0] if audit_keys else "",
+            ack=_ack_policy(settings),
         )
         anchorer = anchors_module.Anchorer(
             client, store.audit_touched, anchors_module.anchor_path(settings), audit_keys
@@ -244,6 +258,22 @@ def create_app(
                     log.exception("attention_reconcile_failed")
 
         tickers = [asyncio.create_task(t()) for t in (epochs, marks, sweeps, attention)]
+        if settings.redis.replicas_acked:  # the replication topology, checked periodically
+
+            def topology(report: Topology) -> None:
+                store.topology_problems = report.problems
+
+            tickers.append(
+                asyncio.create_task(
+                    watch_topology(
+                        redis_url,
+                        settings.redis.replicas_acked,
+                        settings.redis.topology_interval_seconds,
+                        topology,
+                        io_timeout=settings.redis.timeout_seconds,
+                    )
+                )
+            )
         anchorer.start(settings.audit.anchor_interval_seconds)
         yield
         for ticker in tickers:

@@ -120,6 +120,10 @@ class Batcher(Protocol):
     @property
     def commands(self) -> int: ...
 
+    @property
+    def ack_failures(self) -> tuple[int, int] | None:
+        """(batches, commands) the replicas did not acknowledge; None: replicas_acked is 0."""
+
 
 class _BatcherCollector(Collector):
     def __init__(self, batcher: Batcher) -> None:
@@ -136,3 +140,17 @@ class _BatcherCollector(Collector):
             "Commands sent through the auto-pipeline (scripts and audit feed copies).",
             value=self._batcher.commands,
         )
+        failures = self._batcher.ack_failures
+        if failures is not None:  # [redis] replicas_acked > 0
+            yield CounterMetricFamily(
+                "fencegate_replica_ack_failed_batches",
+                "Pipelined batches whose writes the primary and replicas_acked replicas did not "
+                "acknowledge (WAIT/WAITAOF) in time: every reply of the batch became a 503.",
+                value=failures[0],
+            )
+            yield CounterMetricFamily(
+                "fencegate_replica_ack_failed_commands",
+                "Commands (scripts) whose verdict was withheld because their batch was not "
+                "acknowledged by the replicas (answered 503 store_unavailable).",
+                value=failures[1],
+            )

@@ -17,8 +17,16 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gateway.runtime.redis_settings import RedisSettings
 
 __all__ = [
     "AuditSettings",
@@ -111,29 +119,6 @@ class ServerSettings(_Section):
         if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
             raise ValueError("uvloop is not installed: pip install 'fencegate[fast]'")
         return value
-
-
-class RedisSettings(_Section):
-    url: str = ""
-    data_dir: str = ".fencegate"
-    # Bound on a single Redis command; past it the call fails closed (503).
-    timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
-    max_connections: Annotated[int, Field(ge=1, le=10_000)] = 64
-    # Start even when an external Redis is not configured durably (warns loudly).
-    allow_volatile: bool = False
-    # How often the gateway bumps the Redis epoch and compares its slot marks with Redis's
-    # markers (detects restores of older snapshots).
-    epoch_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
-    # How often the slot marks (the highest write counter seen per slot) are written to the
-    # state file when they rose; also written at shutdown.
-    marks_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
-    # An external Redis (url set) is initialised only by `fencegate init`, never by a
-    # starting gateway, unless this is true (then keep data_dir on durable storage: a
-    # fresh data_dir meeting a wiped Redis would initialise it again). The embedded
-    # Redis keeps its data in data_dir, so it is always initialised at its first start.
-    auto_init: bool = False
-    # How long a deciding script's reply is remembered for a re-send of the same request.
-    request_memory_seconds: Annotated[float, Field(ge=5, le=3600)] = 60.0
 
 
 class FencingSettings(_Section):

@@ -20,11 +20,15 @@ from gateway.store import durability, scripts, statefile
 from gateway.store.anchors import note_audit
 from gateway.store.attention import NeedsIndex
 from gateway.store.batching import Batcher, NotSent
+from gateway.store.cluster import all_markers, is_cluster, router_for
 from gateway.store.keys import (
+    EPOCH,
     MARKER,
     JobKeys,
     audit_feed,
 )
+from gateway.store.replication import AckPolicy
+from gateway.store.router import ClusterRouter
 from gateway.store.scripts import (
     _REDIS_FAILURES,
     MARKER_MISSING,
@@ -55,6 +59,7 @@ class StoreBase:
         state_file: Path | None = None,
         request_memory_seconds: float = 60.0,
         audit_key: str = "",
+        ack: AckPolicy | None = None,
     ) -> None:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
@@ -78,7 +83,14 @@ class StoreBase:
             name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
             for name, src in self._sources.items()
         }
-        self._batcher = Batcher(client)
+        self._batcher: Batcher | ClusterRouter = (
+            router_for(client, self.slot_seen, ack)  # type: ignore[arg-type]
+            if is_cluster(client)
+            else Batcher(client, ack)
+        )
+        # the problems of the last replication topology check (gateway.store.topology); None:
+        # not checked (replicas_acked 0)
+        self.topology_problems: list[str] | None = None
         self.needs = NeedsIndex(self)  # the "needs a decision" index (gateway.store.attention)
 
     async def aclose(self) -> None:
@@ -86,7 +98,12 @@ class StoreBase:
         await self._batcher.aclose()
 
     @property
-    def batcher(self) -> Batcher:
+    def cluster(self) -> bool:
+        """Redis/Valkey Cluster (``[redis] cluster = true``): scripts go through the router."""
+        return isinstance(self._batcher, ClusterRouter)
+
+    @property
+    def batcher(self) -> Batcher | ClusterRouter:
         """The auto-pipeline every script and the audit feed go through."""
         return self._batcher
 
@@ -192,6 +209,7 @@ class StoreBase:
                 confirm_data_loss=confirm_data_loss,
                 write=write,
                 seen=self.slot_seen,
+                bump=self._epoch_bump(),
             )
         )
         self.marker_missing_detail = UNINITIALISED if result == "uninitialised" else MARKER_MISSING
@@ -224,16 +242,46 @@ class StoreBase:
         if await self._guard(lambda: self._client.get(MARKER)) is None:
             return False
         self.marker_missing_detail = MARKER_MISSING  # initialised (by `fencegate init`) since
+        if self.cluster:  # every slot's marker is its epoch (gateway.store.durability)
+            return await self._guard(self._cluster_marks_check)
         if not await self._guard(
             lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
         ):
             return False
-        return await self._guard(lambda: durability.epoch_check(self._client, self._state_file))
+        return await self._guard(
+            lambda: durability.epoch_check(self._client, self._state_file, self._epoch_bump())
+        )
+
+    def _epoch_bump(self) -> durability.Bump | None:
+        """With replicas_acked, the epoch is bumped through the acknowledged auto-pipeline."""
+        if self._batcher.ack is None:
+            return None
+        return lambda: self._batcher.execute("INCR", EPOCH)
+
+    async def _cluster_marks_check(self) -> bool:
+        """Cluster: read all 16,384 markers through the router (so they wait for whatever the
+        scripts' replies wait for), compare them with the marks, then keep them as marks."""
+        assert isinstance(self._batcher, ClusterRouter)
+        current = await all_markers(self._batcher)
+        marks = durability.read_marks(self._state_file)
+        for slot, mark in self.slot_seen.items():
+            marks[slot] = max(mark, marks.get(slot, 0))
+        if not await durability.compare_marks(self._client, marks, current):
+            return False
+        for slot, value in current.items():
+            counter = durability.counter_of(value)
+            if counter and counter > self.slot_seen.get(slot, 0):
+                self.slot_seen[slot] = counter
+        return True
 
     async def ready(self) -> dict[str, bool]:
         """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
         a write (a probe key with a TTL: not ready while Redis is out of memory)."""
         checks = {"redis": False, "scripts": False, "marker": False, "writable": False}
+        acking = self._batcher.ack is not None
+        if acking:  # replicas_acked: the probe write must be acknowledged by the replicas too
+            checks["replicas_acked"] = False
+            checks["topology"] = self.topology_problems == []
         try:
             await self._guard(self._client.ping)
             checks["redis"] = True
@@ -247,6 +295,13 @@ class StoreBase:
             if checks["marker"]:
                 await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
                 checks["writable"] = True
+                if acking:  # through the auto-pipeline: its tail is what the verdicts wait for
+                    probe = ("SET", READY_PROBE, "1", "PX", "10000")
+                    await self._guard(lambda: self._batcher.execute(*probe))
+                    checks["replicas_acked"] = True
+            if isinstance(self._batcher, ClusterRouter):  # every slot served, every primary up
+                checks["cluster"] = False
+                checks["cluster"] = await self._guard(self._batcher.healthy)
         except (StoreUnavailable, RedisError):
             pass
         return checks

@@ -24,7 +24,15 @@ Semantics are those of one command at a time, per command:
   failure fails every command still without a reply and drops the connection
   (its state is unknown), never re-sending;
 * a caller that gives up (its request was cancelled) does not disturb the
-  batch: its reply is read and dropped, so the connection stays in step.
+  batch: its reply is read and dropped, so the connection stays in step;
+* a command marked ``asking`` (Cluster: the slot is being imported here, see
+  :mod:`gateway.store.router`) goes out right after an ``ASKING`` on the same
+  connection, every time it is sent (a re-send, its ``EVAL``);
+* with ``[redis] replicas_acked = R`` (an :class:`~gateway.store.replication.AckPolicy`), the
+  batch ends with a covering write, ``WAIT`` and ``WAITAOF`` in the same write on the same
+  connection, and no reply is handed out before they say the primary and R replicas
+  fsynced it; otherwise every command of the batch fails with
+  :class:`~gateway.store.replication.NotReplicated` (see :mod:`gateway.store.replication`).
 
 The batch runs in its own task, so cancelling a request never cuts a
 connection in the middle of a pipelined exchange.
@@ -33,16 +41,22 @@ connection in the middle of a pipelined exchange.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.exceptions import AskError, ClusterDownError, NoScriptError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.store.replication import AckPolicy, AckStatus, first_key
+
 __all__ = ["Batcher", "NotSent"]
+
+# Cluster answers that mean the command did not run on that node (MovedError is an AskError)
+_NOT_RUN = (AskError, TryAgainError, ClusterDownError)
 
 
 class NotSent(RedisConnectionError):
@@ -55,23 +69,25 @@ MAX_BATCH = 256
 
 
 class _Call:
-    __slots__ = ("answered", "args", "future", "resend", "sent", "source")
+    __slots__ = ("answered", "args", "asking", "future", "reply", "resend", "sent", "source")
 
     def __init__(self, args: tuple[Any, ...], source: str | None, future: asyncio.Future[Any]):
         self.args = args
         self.source = source  # the script's source when args is an EVALSHA
         self.future = future
         self.answered = False  # a reply (or error reply) was read for it
+        self.reply: Any = None  # handed out once the batch is acknowledged (replicas_acked)
         self.sent = False  # written to a connection at least once
         # safe to send again when a dropped connection lost its reply: the scripts are (they
         # remember their reply per request id); a raw XADD with an automatic id is not
         self.resend = True
+        self.asking = False  # Cluster: preceded by ASKING (the slot is importing here)
 
 
 class Batcher:
     """Queues commands per event-loop tick and sends each tick's queue as one pipeline."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, ack: AckPolicy | None = None) -> None:
         # Its own pool, like the client's but without a per-socket-operation timeout:
         # redis-py implements that with a wait_for (a task) per send and a timer per
         # reply; the batcher bounds the whole exchange with one timeout instead.
@@ -90,6 +106,19 @@ class Batcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # counters for the metrics and the tests
         self.commands = 0
+        self.ack = ack  # None: a reply is handed out as soon as it is read (replicas_acked 0)
+        # Cluster: a key in a slot this node serves, for the covering write (the router sets it;
+        # a batch's first key may be one the node no longer serves, or one it is importing)
+        self.cover_key: str | None = None
+        host = source.connection_kwargs.get("host") or source.connection_kwargs.get("path", "")
+        self.ack_status = AckStatus(node=f"{host}:{source.connection_kwargs.get('port', '')}")
+
+    @property
+    def ack_failures(self) -> tuple[int, int] | None:
+        """(batches, commands) the replicas did not acknowledge; None: replicas_acked is 0."""
+        if self.ack is None:
+            return None
+        return self.ack_status.failed_batches, self.ack_status.failed_commands
 
     def evalsha(
         self, sha: str, source: str, keys: Sequence[str], args: Sequence[str]
@@ -102,6 +131,21 @@ class Batcher:
         future = self._enqueue(args, None)
         if not resend:
             self._pending[-1].resend = False
+        return future
+
+    def submit(
+        self,
+        args: tuple[Any, ...],
+        source: str | None,
+        *,
+        resend: bool = True,
+        asking: bool = False,
+    ) -> asyncio.Future[Any]:
+        """Any command, with the flags the Cluster router sets (``source``: an EVALSHA's)."""
+        future = self._enqueue(args, source)
+        call = self._pending[-1]
+        call.resend = resend
+        call.asking = asking
         return future
 
     def _enqueue(self, args: tuple[Any, ...], source: str | None) -> asyncio.Future[Any]:
@@ -165,18 +209,51 @@ class Batcher:
                 continue
             call.sent = True
             todo.append(call)
+        # the acknowledgement's tail goes in the same write (also when everything was answered
+        # before a dropped connection: the tail must run again on this one)
+        tail = self._tail(calls)
+        asking = [c.asking for c in todo] + [False] * len(tail)
+        replies = await _roundtrip(conn, [*(c.args for c in todo), *tail], asking)
+        acked = replies[len(todo) :]
         missing: list[_Call] = []
-        for call, reply in zip(todo, await _roundtrip(conn, [c.args for c in todo]), strict=True):
+        for call, reply in zip(todo, replies, strict=False):
             if isinstance(reply, NoScriptError) and call.source is not None:
                 missing.append(call)
             else:
                 call.answered = True
-                _settle(call, reply)
+                call.reply = reply
         if missing:  # the script cache was flushed: EVAL loads and runs in one go
             resend = [("EVAL", c.source, *c.args[2:]) for c in missing]
-            for call, reply in zip(missing, await _roundtrip(conn, resend), strict=True):
+            asking = [c.asking for c in missing] + [False] * len(tail)
+            replies = await _roundtrip(conn, [*resend, *tail], asking)
+            acked = replies[len(missing) :]
+            for call, reply in zip(missing, replies, strict=False):
                 call.answered = True
-                _settle(call, reply)
+                call.reply = reply
+        if self.ack is not None:
+            reason = self.ack.check(acked)
+            self.ack_status.note(not reason, reason, len(calls))
+            if reason:  # not one reply of this batch may leave: they all depend on it
+                failure = self.ack.failure(reason)
+                for call in calls:
+                    # ... but a Cluster redirection says the command did not run there: it
+                    # goes back to the router as it is, to be sent where its slot lives
+                    own = call.reply if isinstance(call.reply, _NOT_RUN) else failure
+                    _settle(call, own)
+                return
+        for call in calls:
+            if call.answered:
+                _settle(call, call.reply)
+
+    def _tail(self, calls: list[_Call]) -> list[tuple[Any, ...]]:
+        if self.ack is None:
+            return []
+        if self.cover_key:  # Cluster: a slot this node serves (set by the router)
+            return list(self.ack.tail(self.cover_key))
+        for call in calls:  # the covering write goes to the slot of a key of this batch
+            if not call.asking and (key := first_key(call.args)) is not None:
+                return list(self.ack.tail(key))
+        return list(self.ack.tail("fg"))
 
     async def aclose(self) -> None:
         """Wait for the batches in flight, then close the connections (shutdown). A tick's queue
@@ -189,16 +266,34 @@ class Batcher:
         await self._pool.disconnect()
 
 
-async def _roundtrip(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+_ASKING = hiredis.pack_command(("ASKING",))
+
+
+async def _roundtrip(
+    conn: Any, commands: list[tuple[Any, ...]], asking: Sequence[bool] = ()
+) -> list[Any]:
     """Send commands in one write; read one reply each (an error reply is returned, not raised).
+    A command flagged in ``asking`` is preceded by ``ASKING``, whose own reply is dropped.
 
     Packed by hiredis (C); redis-py's asyncio connection packs in Python, which
     was the largest Redis cost left in the profile once writes were batched.
     """
-    packed = b"".join([hiredis.pack_command(c) for c in commands])
+    if any(asking):
+        parts = []
+        for command, ask in zip(commands, asking, strict=True):
+            if ask:
+                parts.append(_ASKING)
+            parts.append(hiredis.pack_command(command))
+        packed = b"".join(parts)
+    else:
+        asking = ()
+        packed = b"".join([hiredis.pack_command(c) for c in commands])
     await conn.send_packed_command(packed, check_health=False)
     replies: list[Any] = []
-    for _ in commands:
+    for i in range(len(commands)):
+        if asking and asking[i]:
+            with contextlib.suppress(ResponseError):  # the command's own reply says what happened
+                await conn.read_response()  # +OK of ASKING
         try:
             replies.append(await conn.read_response())
         except ResponseError as exc:
