@@ -229,3 +229,30 @@ async def test_loss_scenario_with_r1_never_acknowledges_what_it_loses(
     assert zombie == 409  # the re-registration was acknowledged: the zombie is refused
     # only generation 1's step from before the registration
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["j:s1"]
+
+
+async def test_readiness_follows_the_topology(replicas: ReplicaSet, gateways: Any) -> None:
+    """Checked periodically: a second replica (WAIT 1 may then be satisfied by a replica
+    other than the one promoted) makes /readyz 503, and its removal ready again."""
+    gw: Gateway = await gateways(replicas.primary.url, "a")
+
+    async def ready() -> dict[str, bool]:
+        resp = await gw.client.get("/readyz")
+        checks: dict[str, bool] = (await resp.json())["checks"]
+        assert (resp.status == 200) == all(checks.values())
+        return checks
+
+    async def topology_ok() -> bool:
+        return (await ready())["topology"]
+
+    await until("the first topology check", topology_ok)
+    extra = await asyncio.to_thread(replicas.add_replica)
+
+    async def not_ready() -> bool:
+        checks = await ready()
+        return checks["replicas_acked"] and not checks["topology"]
+
+    await until("the topology problem in /readyz", not_ready)
+    extra.kill()
+    replicas.replicas.remove(extra)
+    await until("ready again", topology_ok)
