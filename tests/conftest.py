@@ -23,6 +23,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings, load_settings
 from gateway.store.embedded import EmbeddedRedis, free_port
+from tests.valkey_cluster import (  # noqa: F401 (fixtures)
+    cluster_url,
+    initialised_cluster_url,
+    valkey_cluster,
+)
 
 
 def _snapshot(state: Path) -> tuple[int, bytes] | None:

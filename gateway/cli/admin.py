@@ -1,4 +1,5 @@
-"""Administration: ``init`` (durability markers), ``check-config``, ``keys new``."""
+"""Administration: ``init`` (durability markers), ``check-config``, ``example-config``,
+``keys new``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 import asyncio
 import hashlib
 import secrets
+import sys
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +29,13 @@ def cmd_init(args: argparse.Namespace) -> int:
     url, embedded = _cli_redis_url(settings)
     try:
         result = asyncio.run(
-            _init(url, data_dir / "fencegate.state", auto=False, confirm=args.confirm_data_loss)
+            _init(
+                url,
+                data_dir / "fencegate.state",
+                auto=False,
+                confirm=args.confirm_data_loss,
+                cluster=settings.redis.cluster,
+            )
         )
     finally:
         if embedded is not None:
@@ -53,6 +62,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         f"{args.file}: ok ({len(settings.adapters)} adapters, {len(settings.auth.keys)} keys, "
         f"registration={settings.fencing.registration})"
     )
+    return EXIT_OK
+
+
+def cmd_example_config(args: argparse.Namespace) -> int:
+    """The annotated example config shipped in the package (gateway/examples, a link to the
+    repository's config/), or with --path the folder that holds it, the compose config and
+    redis.conf."""
+    examples = files("gateway") / "examples"
+    if args.path:
+        print(examples)
+    else:
+        sys.stdout.write((examples / "fencegate.example.toml").read_text(encoding="utf-8"))
     return EXIT_OK
 
 

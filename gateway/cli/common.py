@@ -36,11 +36,13 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def _cli_store(url: str, state_file: Path | None = None) -> AsyncIterator[Store]:
+async def _cli_store(
+    url: str, state_file: Path | None = None, *, cluster: bool = False
+) -> AsyncIterator[Store]:
     """A short-lived store for CLI commands (init, audit verify, the workers' supervisor)."""
     from gateway.store.store import Store, connect
 
-    client = connect(url, timeout=10, max_connections=2)
+    client = connect(url, timeout=10, max_connections=2, cluster=cluster)
     store = Store(
         client, registration="required", dispatch_timeout_ms=1, retention_seconds=60,
         state_file=state_file,
@@ -53,9 +55,15 @@ async def _cli_store(url: str, state_file: Path | None = None) -> AsyncIterator[
 
 
 async def _init(
-    url: str, state_file: Path, *, auto: bool, confirm: bool = False, write: bool = True
+    url: str,
+    state_file: Path,
+    *,
+    auto: bool,
+    confirm: bool = False,
+    write: bool = True,
+    cluster: bool = False,
 ) -> str:
-    async with _cli_store(url, state_file) as store:
+    async with _cli_store(url, state_file, cluster=cluster) as store:
         return await store.initialize(auto=auto, confirm_data_loss=confirm, write=write)
 
 

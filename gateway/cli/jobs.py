@@ -65,7 +65,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     url, embedded = _cli_redis_url(settings)
 
     async def run() -> AuditCheck:
-        async with _cli_store(url) as store:
+        async with _cli_store(url, cluster=settings.redis.cluster) as store:
             return await store.verify_audit(
                 keys=keys,
                 anchor_files=files,

@@ -17,7 +17,7 @@ import redis
 
 from adapters.registry import AdapterConfigError
 from gateway import __version__
-from gateway.cli.admin import cmd_check_config, cmd_init, cmd_keys_new
+from gateway.cli.admin import cmd_check_config, cmd_example_config, cmd_init, cmd_keys_new
 from gateway.cli.common import EXIT_CONFIG, EXIT_RUNTIME
 from gateway.cli.jobs import cmd_audit, cmd_job
 from gateway.cli.serve import cmd_serve
@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file")
     check.set_defaults(func=cmd_check_config)
+
+    example = sub.add_parser(
+        "example-config", help="print the annotated example config (fencegate.example.toml)"
+    )
+    example.add_argument(
+        "--path", action="store_true", help="print the folder of the shipped example configs"
+    )
+    example.set_defaults(func=cmd_example_config)
 
     keys = sub.add_parser("keys", help="API keys").add_subparsers(
         dest="keys_command", required=True

@@ -153,7 +153,12 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     # the embedded Redis (its data in data_dir) is initialised at its first start; an
     # external one only by `fencegate init`, or with redis.auto_init
     write = not settings.redis.url or settings.redis.auto_init
-    result = asyncio.run(_init(url, data_dir / "fencegate.state", auto=True, write=write))
+    result = asyncio.run(
+        _init(
+            url, data_dir / "fencegate.state", auto=True, write=write,
+            cluster=settings.redis.cluster,
+        )
+    )  # fmt: skip
     log.info("workers_starting", workers=args.workers, durability_marker=result)
     # The URL (it may hold a password) goes by environment, never on a command line: a
     # process's argv is readable by every local user (ps), its environment only by its owner.
@@ -211,7 +216,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         if settings.redis.url:
             url = settings.redis.url
-            if not check_external_durability(url, settings.redis.allow_volatile):
+            if settings.redis.cluster:
+                from gateway.cli.cluster_check import check_cluster_durability
+
+                if not check_cluster_durability(url, settings.redis.allow_volatile):
+                    return EXIT_REFUSED
+            elif not check_external_durability(url, settings.redis.allow_volatile):
                 return EXIT_REFUSED
             if not check_replication(settings):
                 return EXIT_REFUSED

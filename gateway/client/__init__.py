@@ -1,4 +1,4 @@
-"""The Python SDK for workers and schedulers (SPEC §9).
+"""The Python SDK for workers and schedulers (docs/sdk.md).
 
 ::
 

@@ -53,7 +53,7 @@ def parse_unsigned_token(token: str | None) -> int:
     return gen
 
 
-# -- signed tokens (SPEC §6) --------------------------------------------------
+# -- signed tokens (docs/security.md) ------------------------------------------
 
 # canonical only: decimals without leading zeros, no sign, no spaces; the signature is
 # unpadded base64url of 32 bytes (43 characters, the last one's two spare bits zero)

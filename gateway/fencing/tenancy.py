@@ -11,7 +11,7 @@ none). Two rules, checked before anything starts:
   the Stripe metadata, the Jira label, the SMTP Message-ID and the webhook's
   ``Idempotency-Key``): two tenants' job ``r`` are different jobs, and the downstream
   must never see them as one. ``tenant_in_key = false`` is then refused at start. With
-  exactly one tenant the key stays ``<job>:<step>`` (SPEC I4) unless
+  exactly one tenant the key stays ``<job>:<step>`` (invariant 4, docs/contract.md) unless
   ``tenant_in_key = true``.
 """
 

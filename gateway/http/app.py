@@ -154,6 +154,7 @@ def create_app(
             redis_url,
             timeout=settings.redis.timeout_seconds,
             max_connections=settings.redis.max_connections,
+            cluster=settings.redis.cluster,
         )
         store = Store(
             client,

@@ -117,6 +117,10 @@ class ServerSettings(_Section):
 
 class RedisSettings(_Section):
     url: str = ""
+    # Redis/Valkey Cluster: `url` names seed nodes ("redis://h1:6379,h2:6379" or a list);
+    # commands are routed per slot to each shard's primary (gateway.store.router). The
+    # embedded Redis is always standalone.
+    cluster: bool = False
     data_dir: str = ".fencegate"
     # Bound on a single Redis command; past it the call fails closed (503).
     timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
@@ -155,6 +159,29 @@ class RedisSettings(_Section):
                 "replica_ack_timeout_ms: both waits (2 x replica_ack_timeout_ms) must fit in "
                 f"timeout_seconds ({self.timeout_seconds} s), or every batch times out instead"
             )
+        return self
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _seed_list(cls, value: Any) -> Any:
+        """A list of seed nodes becomes one URL: ``["redis://a:1", "b:2"]`` → ``redis://a:1,b:2``."""
+        if not isinstance(value, list | tuple):
+            return value
+        entries = [str(v).strip() for v in value if str(v).strip()]
+        if not entries:
+            return ""
+        first = entries[0] if "://" in entries[0] else "redis://" + entries[0]
+        rest = [e.split("://", 1)[-1].rsplit("@", 1)[-1] for e in entries[1:]]
+        return ",".join([first, *rest])
+
+    @model_validator(mode="after")
+    def _cluster_needs_seeds(self) -> RedisSettings:
+        if self.cluster and not self.url:
+            raise ValueError(
+                "redis.cluster needs redis.url (seed nodes): the embedded Redis is standalone"
+            )
+        if not self.cluster and "," in self.url.split("?", 1)[0]:
+            raise ValueError("redis.url names several nodes: set redis.cluster = true")
         return self
 
 

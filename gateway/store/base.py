@@ -19,6 +19,7 @@ from gateway.core.errors import StoreUnavailable
 from gateway.store import durability, scripts, statefile
 from gateway.store.anchors import note_audit
 from gateway.store.batching import Batcher, NotSent
+from gateway.store.cluster import all_markers, is_cluster, router_for
 from gateway.store.keys import (
     EPOCH,
     MARKER,
@@ -26,6 +27,7 @@ from gateway.store.keys import (
     audit_feed,
 )
 from gateway.store.replication import AckPolicy
+from gateway.store.router import ClusterRouter
 from gateway.store.scripts import (
     _REDIS_FAILURES,
     MARKER_MISSING,
@@ -80,7 +82,11 @@ class StoreBase:
             name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
             for name, src in self._sources.items()
         }
-        self._batcher = Batcher(client, ack)
+        self._batcher: Batcher | ClusterRouter = (
+            router_for(client, self.slot_seen, ack)  # type: ignore[arg-type]
+            if is_cluster(client)
+            else Batcher(client, ack)
+        )
         # the problems of the last replication topology check (gateway.store.topology); None:
         # not checked (replicas_acked 0)
         self.topology_problems: list[str] | None = None
@@ -90,7 +96,12 @@ class StoreBase:
         await self._batcher.aclose()
 
     @property
-    def batcher(self) -> Batcher:
+    def cluster(self) -> bool:
+        """Redis/Valkey Cluster (``[redis] cluster = true``): scripts go through the router."""
+        return isinstance(self._batcher, ClusterRouter)
+
+    @property
+    def batcher(self) -> Batcher | ClusterRouter:
         """The auto-pipeline every script and the audit feed go through."""
         return self._batcher
 
@@ -225,6 +236,8 @@ class StoreBase:
         if await self._guard(lambda: self._client.get(MARKER)) is None:
             return False
         self.marker_missing_detail = MARKER_MISSING  # initialised (by `fencegate init`) since
+        if self.cluster:  # every slot's marker is its epoch (gateway.store.durability)
+            return await self._guard(self._cluster_marks_check)
         if not await self._guard(
             lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
         ):
@@ -238,6 +251,22 @@ class StoreBase:
         if self._batcher.ack is None:
             return None
         return lambda: self._batcher.execute("INCR", EPOCH)
+
+    async def _cluster_marks_check(self) -> bool:
+        """Cluster: read all 16,384 markers through the router (so they wait for whatever the
+        scripts' replies wait for), compare them with the marks, then keep them as marks."""
+        assert isinstance(self._batcher, ClusterRouter)
+        current = await all_markers(self._batcher)
+        marks = durability.read_marks(self._state_file)
+        for slot, mark in self.slot_seen.items():
+            marks[slot] = max(mark, marks.get(slot, 0))
+        if not await durability.compare_marks(self._client, marks, current):
+            return False
+        for slot, value in current.items():
+            counter = durability.counter_of(value)
+            if counter and counter > self.slot_seen.get(slot, 0):
+                self.slot_seen[slot] = counter
+        return True
 
     async def ready(self) -> dict[str, bool]:
         """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
@@ -264,6 +293,9 @@ class StoreBase:
                     probe = ("SET", READY_PROBE, "1", "PX", "10000")
                     await self._guard(lambda: self._batcher.execute(*probe))
                     checks["replicas_acked"] = True
+            if isinstance(self._batcher, ClusterRouter):  # every slot served, every primary up
+                checks["cluster"] = False
+                checks["cluster"] = await self._guard(self._batcher.healthy)
         except (StoreUnavailable, RedisError):
             pass
         return checks

@@ -25,6 +25,9 @@ Semantics are those of one command at a time, per command:
   (its state is unknown), never re-sending;
 * a caller that gives up (its request was cancelled) does not disturb the
   batch: its reply is read and dropped, so the connection stays in step;
+* a command marked ``asking`` (Cluster: the slot is being imported here, see
+  :mod:`gateway.store.router`) goes out right after an ``ASKING`` on the same
+  connection, every time it is sent (a re-send, its ``EVAL``);
 * with ``[redis] replicas_acked = R`` (an :class:`~gateway.store.replication.AckPolicy`), the
   batch ends with a covering write, ``WAIT`` and ``WAITAOF`` in the same write on the same
   connection, and no reply is handed out before they say the primary and R replicas
@@ -38,6 +41,7 @@ connection in the middle of a pipelined exchange.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,7 +66,7 @@ MAX_BATCH = 256
 
 
 class _Call:
-    __slots__ = ("answered", "args", "future", "reply", "resend", "sent", "source")
+    __slots__ = ("answered", "args", "asking", "future", "reply", "resend", "sent", "source")
 
     def __init__(self, args: tuple[Any, ...], source: str | None, future: asyncio.Future[Any]):
         self.args = args
@@ -74,6 +78,7 @@ class _Call:
         # safe to send again when a dropped connection lost its reply: the scripts are (they
         # remember their reply per request id); a raw XADD with an automatic id is not
         self.resend = True
+        self.asking = False  # Cluster: preceded by ASKING (the slot is importing here)
 
 
 class Batcher:
@@ -99,6 +104,9 @@ class Batcher:
         self.batches = 0  # counters for the metrics and the tests
         self.commands = 0
         self.ack = ack  # None: a reply is handed out as soon as it is read (replicas_acked 0)
+        # Cluster: a key in a slot this node serves, for the covering write (the router sets it;
+        # a batch's first key may be one the node no longer serves, or one it is importing)
+        self.cover_key: str | None = None
         host = source.connection_kwargs.get("host") or source.connection_kwargs.get("path", "")
         self.ack_status = AckStatus(node=f"{host}:{source.connection_kwargs.get('port', '')}")
 
@@ -120,6 +128,21 @@ class Batcher:
         future = self._enqueue(args, None)
         if not resend:
             self._pending[-1].resend = False
+        return future
+
+    def submit(
+        self,
+        args: tuple[Any, ...],
+        source: str | None,
+        *,
+        resend: bool = True,
+        asking: bool = False,
+    ) -> asyncio.Future[Any]:
+        """Any command, with the flags the Cluster router sets (``source``: an EVALSHA's)."""
+        future = self._enqueue(args, source)
+        call = self._pending[-1]
+        call.resend = resend
+        call.asking = asking
         return future
 
     def _enqueue(self, args: tuple[Any, ...], source: str | None) -> asyncio.Future[Any]:
@@ -186,7 +209,8 @@ class Batcher:
         # the acknowledgement's tail goes in the same write (also when everything was answered
         # before a dropped connection: the tail must run again on this one)
         tail = self._tail(calls)
-        replies = await _roundtrip(conn, [*(c.args for c in todo), *tail])
+        asking = [c.asking for c in todo] + [False] * len(tail)
+        replies = await _roundtrip(conn, [*(c.args for c in todo), *tail], asking)
         acked = replies[len(todo) :]
         missing: list[_Call] = []
         for call, reply in zip(todo, replies, strict=False):
@@ -197,7 +221,8 @@ class Batcher:
                 call.reply = reply
         if missing:  # the script cache was flushed: EVAL loads and runs in one go
             resend = [("EVAL", c.source, *c.args[2:]) for c in missing]
-            replies = await _roundtrip(conn, [*resend, *tail])
+            asking = [c.asking for c in missing] + [False] * len(tail)
+            replies = await _roundtrip(conn, [*resend, *tail], asking)
             acked = replies[len(missing) :]
             for call, reply in zip(missing, replies, strict=False):
                 call.answered = True
@@ -217,8 +242,10 @@ class Batcher:
     def _tail(self, calls: list[_Call]) -> list[tuple[Any, ...]]:
         if self.ack is None:
             return []
+        if self.cover_key:  # Cluster: a slot this node serves (set by the router)
+            return list(self.ack.tail(self.cover_key))
         for call in calls:  # the covering write goes to the slot of a key of this batch
-            if (key := first_key(call.args)) is not None:
+            if not call.asking and (key := first_key(call.args)) is not None:
                 return list(self.ack.tail(key))
         return list(self.ack.tail("fg"))
 
@@ -233,16 +260,34 @@ class Batcher:
         await self._pool.disconnect()
 
 
-async def _roundtrip(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+_ASKING = hiredis.pack_command(("ASKING",))
+
+
+async def _roundtrip(
+    conn: Any, commands: list[tuple[Any, ...]], asking: Sequence[bool] = ()
+) -> list[Any]:
     """Send commands in one write; read one reply each (an error reply is returned, not raised).
+    A command flagged in ``asking`` is preceded by ``ASKING``, whose own reply is dropped.
 
     Packed by hiredis (C); redis-py's asyncio connection packs in Python, which
     was the largest Redis cost left in the profile once writes were batched.
     """
-    packed = b"".join([hiredis.pack_command(c) for c in commands])
+    if any(asking):
+        parts = []
+        for command, ask in zip(commands, asking, strict=True):
+            if ask:
+                parts.append(_ASKING)
+            parts.append(hiredis.pack_command(command))
+        packed = b"".join(parts)
+    else:
+        asking = ()
+        packed = b"".join([hiredis.pack_command(c) for c in commands])
     await conn.send_packed_command(packed, check_health=False)
     replies: list[Any] = []
-    for _ in commands:
+    for i in range(len(commands)):
+        if asking and asking[i]:
+            with contextlib.suppress(ResponseError):  # the command's own reply says what happened
+                await conn.read_response()  # +OK of ASKING
         try:
             replies.append(await conn.read_response())
         except ResponseError as exc:

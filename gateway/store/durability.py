@@ -13,6 +13,15 @@
   below its mark: writes the gateway saw acknowledged are gone (a restored backup).
 - ``verify_audit`` recomputes every job's audit hash chain and checks its anchors.
 
+On Redis/Valkey Cluster (:mod:`gateway.store.cluster`) the markers are written and read one
+command per slot, pipelined per node (never a multi-slot ``MSET``/``MGET``: ``CROSSSLOT``), and
+``fg:epoch`` is not used: one key lives on one shard, so it could only say that *that* shard
+went back. The per-slot markers already are per-slot epochs (each is its slot's write counter
+and only rises): the gateway's periodic check reads all 16,384 of them through the router
+(:meth:`gateway.store.store.Store.heartbeat_epoch`), compares them with its marks and then
+records them as marks, so every slot — of every shard, written by any gateway — is checked
+against the highest counter seen, not only the slots this gateway wrote.
+
 Callers wrap these in :meth:`gateway.store.store.Store._guard` (Redis errors → 503).
 """
 
@@ -30,9 +39,17 @@ import structlog
 
 from gateway.store import anchor_check, statefile
 from gateway.store.anchor_check import AnchorCheck
+from gateway.store.cluster import delete_slots, is_cluster, mget_slots, mset_slots
 from gateway.store.keys import EPOCH, MARKER, PREFIX, SLOTS, slot_marker
 
-__all__ = ["epoch_check", "initialize", "marks_check", "quarantine", "verify_audit"]
+__all__ = [
+    "compare_marks",
+    "epoch_check",
+    "initialize",
+    "marks_check",
+    "quarantine",
+    "verify_audit",
+]
 
 log = structlog.get_logger("fencegate.durability")
 Bump = Callable[[], Awaitable[Any]]  # increments fg:epoch, answers the new value
@@ -87,10 +104,11 @@ async def initialize(
     counter = str(max(time.time_ns() // 1000, max(read_marks(state_file).values(), default=0) + 1))
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
-        await client.mset(dict.fromkeys(markers[i : i + 2048], counter))
+        await mset_slots(client, dict.fromkeys(markers[i : i + 2048], counter))
     await client.set(MARKER, value)
     # a fresh start: this Redis's epoch is the new baseline, and the old marks are void
-    epoch = int(await client.incr(EPOCH))
+    # (Cluster: no global epoch, the slot markers are the per-slot epochs)
+    epoch = 0 if is_cluster(client) else int(await client.incr(EPOCH))
     if state_file is not None:
         statefile.update(state_file, epoch=epoch, initialised=True, reset=True)
     return "written"
@@ -136,22 +154,39 @@ async def marks_check(
     if not marks:
         return True
     slots = sorted(marks)
-    behind: list[tuple[int, int, int]] = []
+    current: dict[int, str | None] = {}
     for i in range(0, len(slots), 2048):
         chunk = slots[i : i + 2048]
-        # MGET across slots, as init's MSET (one reply to parse, not 2048: ~40x faster)
-        values = await client.mget([slot_marker(slot) for slot in chunk])
-        for slot, value in zip(chunk, values, strict=True):
-            if value is None:
-                continue
-            try:
-                counter = int(value)
-            except ValueError:  # a marker from before the counters: the scripts count it as 0
-                counter = 0
-            if counter < marks[slot]:
-                behind.append((slot, counter, marks[slot]))
+        # MGET across slots, as init's MSET (one reply to parse, not 2048: ~40x faster);
+        # on Cluster one GET per slot, pipelined per node
+        values = await mget_slots(client, [slot_marker(slot) for slot in chunk])
+        current.update(zip(chunk, values, strict=True))
+    return await compare_marks(client, marks, current)
+
+
+def counter_of(value: str | None) -> int | None:
+    """A marker's counter (None: no marker; 0: a marker from before the counters)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:  # a marker from before the counters: the scripts count it as 0
+        return 0
+
+
+async def compare_marks(
+    client: aioredis.Redis, marks: Mapping[int, int], current: Mapping[int, str | None]
+) -> bool:
+    """Quarantine Redis if any slot's marker (``current``) is below its mark (see
+    :func:`marks_check`); a missing marker is left to the scripts."""
+    behind: list[tuple[int, int, int]] = []
+    for slot, value in current.items():
+        counter = counter_of(value)
+        if counter is not None and counter < marks.get(slot, 0):
+            behind.append((slot, counter, marks[slot]))
     if not behind:
         return True
+    slots = sorted(current)
     await quarantine(client)
     slot, counter, mark = behind[0]
     log.error(
@@ -182,7 +217,10 @@ async def epoch_check(
     ``bump`` increments the epoch instead of a plain ``INCR`` (with ``redis.replicas_acked``:
     through the acknowledged auto-pipeline, so a bump a failover then loses is never written
     to the state file, which would make the promoted replica look restored from a backup).
+    Not on Cluster (see the module's docstring): always True there.
     """
+    if is_cluster(client):
+        return True
     seen = read_state(state_file)
     current = int(await client.get(EPOCH) or 0)
     if current < seen:
@@ -200,10 +238,11 @@ async def epoch_check(
 
 
 async def quarantine(client: aioredis.Redis) -> None:
+    """Remove every marker (on Cluster one ``DEL`` per slot, pipelined per node)."""
     await client.delete(MARKER)
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
-        await client.delete(*markers[i : i + 2048])
+        await delete_slots(client, markers[i : i + 2048])
 
 
 async def verify_audit(

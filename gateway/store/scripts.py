@@ -10,11 +10,21 @@ from importlib import resources
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.core.errors import StoreUnavailable
+from gateway.store.cluster import connect_cluster
 from gateway.store.replication import NotReplicated
 
 SCRIPT_NAMES = (
@@ -29,7 +39,13 @@ SCRIPT_NAMES = (
     "void-3",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
-_UNAVAILABLE_PREFIXES = ("OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN")
+_UNAVAILABLE_PREFIXES = (
+    "OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN", "CLUSTERDOWN",
+    "TRYAGAIN",
+)  # fmt: skip
+# Cluster refusals redis-py raises with the code stripped (the router retries MOVED/ASK/TRYAGAIN
+# and turns what is left into NotRun; redis-py's own client raises these past its retries)
+_CLUSTER_REFUSALS = (ClusterDownError, TryAgainError, AskError, ClusterError)
 
 
 def _lua_source(name: str) -> str:
@@ -41,7 +57,10 @@ def _lua_source(name: str) -> str:
     return f"{prelude}\nreturn run_script(function()\n{body}\nend)\n"
 
 
-_REDIS_FAILURES = (RedisConnectionError, RedisTimeoutError, OSError, ResponseError)
+_REDIS_FAILURES = (
+    RedisConnectionError, RedisTimeoutError, OSError, ResponseError, ClusterError,
+    RedisClusterException,
+)  # fmt: skip
 
 
 def _oom(exc: Exception) -> bool:
@@ -57,6 +76,8 @@ def _unavailable(exc: Exception) -> StoreUnavailable | None:
     ``OutOfMemoryError`` whose text starts "command not allowed"), and an error inside a
     script comes back as "Error running script … -OOM command not allowed …": all three
     forms are Redis refusing to serve, not a bug (503, never 500)."""
+    if isinstance(exc, _CLUSTER_REFUSALS):
+        return StoreUnavailable(f"Redis Cluster refused the command: {type(exc).__name__} {exc}")
     if isinstance(exc, ResponseError):
         text = str(exc)
         if (
@@ -107,13 +128,19 @@ def _optional_int(raw: str) -> int | None:
     return int(raw) if raw else None
 
 
-def connect(url: str, *, timeout: float, max_connections: int) -> aioredis.Redis:
-    """A redis-py client with one shared pool.
+def connect(
+    url: str, *, timeout: float, max_connections: int, cluster: bool = False
+) -> aioredis.Redis:
+    """A redis-py client with one shared pool (``cluster``: redis-py's ``RedisCluster`` for the
+    seeds in ``url``, see :mod:`gateway.store.cluster`; it serves the same commands).
 
     Only connection errors are retried (twice, quickly): a command that timed
     out may have run, so it is never re-sent blindly; admit and record are safe
     to re-run with the same dispatch id when a reset connection lost the reply.
     """
+    if cluster:
+        client = connect_cluster(url, timeout=timeout, max_connections=max_connections)
+        return client  # type: ignore[return-value]  # the same command API
     retry = Retry(ExponentialBackoff(cap=0.2, base=0.01), 2, (RedisConnectionError,))
     # A blocking pool: under a burst, requests wait (up to `timeout`) for a
     # connection instead of failing with "Too many connections".

@@ -7,7 +7,7 @@ becomes its typed error in one place, :meth:`Store._rejected`. The durability
 checks around the store (markers, epochs, the audit chain) are in
 :mod:`gateway.store.durability`.
 
-Durability (SPEC §7): every deciding script first checks the durability marker
+Durability (docs/operations.md): every deciding script first checks the durability marker
 of its job's slot (written for all 16384 slots by ``fencegate init``, see
 :mod:`gateway.store.keys`). A Redis that restarted empty, was flushed, or lost a slot
 answers ``{8}`` and the call fails closed with

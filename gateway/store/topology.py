@@ -32,6 +32,8 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from gateway.store.cluster import first_seed
+
 __all__ = ["NodeFacts", "Shard", "Topology", "check_topology", "node_url", "watch"]
 
 log = structlog.get_logger("fencegate.topology")
@@ -188,6 +190,7 @@ def _node_problems(facts: NodeFacts, what: str, warnings: list[str]) -> list[str
 
 async def check_topology(url: str, replicas: int, *, io_timeout: float = 5.0) -> Topology:
     """Every primary and its replicas against what ``replicas_acked = replicas`` needs."""
+    url = first_seed(url)  # a cluster's seed list: the first seed tells the whole layout
     seed = urlsplit(url)
     seed_address = f"{seed.hostname}:{seed.port or 6379}" if seed.hostname else url
     seed_facts, replication = await _facts(url, seed_address, io_timeout)

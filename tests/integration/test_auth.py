@@ -1,4 +1,4 @@
-"""Roles and tenants (SPEC §4, §6): every endpoint by every kind of caller."""
+"""Roles and tenants (docs/api.md, docs/security.md): every endpoint by every kind of caller."""
 
 from __future__ import annotations
 

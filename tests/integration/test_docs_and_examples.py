@@ -189,3 +189,63 @@ def test_docs_link_only_inside_the_repository_or_to_public_urls() -> None:
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert not broken, broken
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_docs_site_covers_every_page_and_readme_points_into_it() -> None:
+    """mkdocs.yml's nav lists every page of docs/ (and nothing else), the README links to each
+    page, carries the architecture diagram as Mermaid, and names no file outside the tree."""
+    config = yaml.safe_load(re.sub(r"!!python/name:\S+", "null", (ROOT / "mkdocs.yml").read_text()))
+    assert config["docs_dir"] == "docs" and config["site_dir"] == "site"
+    nav = {next(iter(entry.values())) for entry in config["nav"]}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert nav == pages
+    readme = (ROOT / "README.md").read_text()
+    for page in pages - {"index.md"}:
+        assert f"](docs/{page})" in readme, page
+    assert "```mermaid\nflowchart" in readme
+    assert "site/" in (ROOT / ".gitignore").read_text().split()
+    for text in (readme, docs_text()):
+        assert "SPEC" not in text and "../shared" not in text
+    # nor does the code send a reader to a contract file that a clone does not have
+    code = [
+        p
+        for folder in ("gateway", "adapters", "tests", "benchmarks", "examples", "config")
+        for p in (ROOT / folder).rglob("*")
+        if p.suffix in {".py", ".lua", ".toml", ".conf", ".sh"} and p != Path(__file__)
+    ]
+    outside = [p for p in code if re.search(r"\bSPEC\b|\.\./shared", p.read_text())]
+    assert not outside, outside
+
+
+def test_contract_lists_every_problem_code_with_its_status() -> None:
+    """docs/contract.md's outcome table has a row for every code the gateway can answer with,
+    at the status it is answered with (a new error class without a row fails here)."""
+    import gateway.core.errors as errors
+
+    contract = (ROOT / "docs" / "contract.md").read_text()
+    rows = set(re.findall(r"^\| (\d{3}) \| `([a-z_]+)` \|", contract, flags=re.M))
+    expected = {
+        (str(cls.status), cls.code)
+        for cls in vars(errors).values()
+        if isinstance(cls, type)
+        and issubclass(cls, errors.FencegateError)
+        and cls not in (errors.FencegateError, errors.Rejection, errors.GatewayUnreachable)
+    }
+    expected |= {("504", "outcome_unknown"), ("503", "too_many_connections")}
+    assert expected <= rows, expected - rows
+    assert rows <= expected, rows - expected
+
+
+async def test_example_config_command_prints_the_checked_example(tmp_path: Path) -> None:
+    """`fencegate example-config > fencegate.toml` (README) gives the repository's example,
+    and that file passes check-config; --path names the folder that holds all examples."""
+    code, out = await run(sys.executable, "-m", "gateway", "example-config")
+    assert code == 0 and out == (ROOT / "config" / "fencegate.example.toml").read_text()
+    config = tmp_path / "fencegate.toml"
+    config.write_text(out)
+    code, out = await run(sys.executable, "-m", "gateway", "check-config", str(config))
+    assert code == 0 and ": ok (" in out, out
+    code, out = await run(sys.executable, "-m", "gateway", "example-config", "--path")
+    folder = Path(out.strip())
+    assert code == 0, out
+    assert (folder / "redis.conf").read_bytes() == (ROOT / "config" / "redis.conf").read_bytes()

@@ -1,4 +1,4 @@
-"""Every row of SPEC §4's effect outcome table, against a real Redis and a real upstream."""
+"""Every row of the effect outcome table (docs/contract.md), against a real Redis and upstream."""
 
 from __future__ import annotations
 

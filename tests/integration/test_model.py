@@ -1,4 +1,4 @@
-"""Property: random call sequences against the real gateway agree with a pure model of the SPEC."""
+"""Property: random call sequences against the real gateway agree with a model of the contract."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Job:
 
 
 class Model:
-    """SPEC sections 3-4 in a few lines (registration required, no lease, instant downstream)."""
+    """docs/contract.md in a few lines (registration required, no lease, instant downstream)."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}

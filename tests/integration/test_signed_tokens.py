@@ -1,4 +1,4 @@
-"""Signed generations (SPEC §6): forged, expired, unsigned, other-job and other-tenant tokens."""
+"""Signed generations (docs/security.md): forged, expired, unsigned, other-job, other-tenant."""
 
 from __future__ import annotations
 

@@ -339,7 +339,7 @@ async def test_adapter_naming_a_tenant_without_keys_refuses_to_start(
 async def test_single_tenant_keeps_job_step_keys(
     make_gateway: Any, stripe: StripePeer, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SPEC I4 for a deployment with one tenant: ``<job>:<step>``, no tenant marks."""
+    """Invariant 4 (docs/contract.md) with one tenant: ``<job>:<step>``, no tenant marks."""
     monkeypatch.setenv("TEST_STRIPE_KEY", stripe.api_key)
     one = {"keys": [{"role": "admin", "sha256": key_digest(KEYS["a"]), "tenant": "a"}]}
     pay = {"type": "stripe", "base_url": stripe.url, "api_key_env": "TEST_STRIPE_KEY"}

@@ -1,4 +1,4 @@
-"""The invariants the explorer checks after every step (SPEC §1 and issue 12).
+"""The invariants the explorer checks after every step (docs/contract.md#invariants and issue 12).
 
 Each check is a named function of one transition: it returns ``None``, or a
 message saying what broke and a short signature of the kind of breakage (the

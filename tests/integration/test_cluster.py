@@ -1,0 +1,254 @@
+"""Cluster mode against a real 3+3 Valkey Cluster: the router (per-slot routing, MOVED after a
+failover, NOSCRIPT on a new primary, ASK/TRYAGAIN during a slot migration), the markers per
+slot per node (init, quarantine, the periodic per-slot check) and the per-primary scans."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.core.errors import StoreUnavailable
+from gateway.http import appkeys as K
+from gateway.store.keys import SLOTS, JobKeys
+from gateway.store.router import ClusterRouter, key_slot_of
+from gateway.store.store import Store, connect
+from tests.conftest import Gateway, Upstream
+from tests.integration.cluster_support import make_gateway, redis_sync, redis_url  # noqa: F401
+from tests.valkey_cluster import ValkeyCluster
+
+
+def router_of(gw: Gateway) -> ClusterRouter:
+    router = gw.app[K.STORE].batcher
+    assert isinstance(router, ClusterRouter)
+    return router
+
+
+def jobs_on_distinct_primaries(cluster: ValkeyCluster) -> dict[int, str]:
+    """One job id per primary (port -> job), found by the slot of its hash tag."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < len(cluster.primaries()):
+        job = f"job{i}"
+        port = cluster.owner(JobKeys("default", job).slot).port
+        found.setdefault(port, job)
+        i += 1
+    return found
+
+
+async def test_scripts_of_every_primary_go_out_one_batch_per_primary(
+    gw: Gateway, upstream: Upstream, valkey_cluster: ValkeyCluster
+) -> None:
+    jobs = list(jobs_on_distinct_primaries(valkey_cluster).values())
+    for job in jobs:
+        assert (await gw.register(job, generation=1)).status == 201
+    router = router_of(gw)
+    before_batches, before_commands = router.batches, router.commands
+    replies = await asyncio.gather(*(gw.effect(job, f"s{n}", 1) for job in jobs for n in range(8)))
+    assert {r.status for r in replies} == {200}
+    assert len(upstream.received) == 24
+    # each primary got its own commands, batched: far fewer batches than commands
+    assert router.commands - before_commands >= 48  # admit + record per effect
+    assert router.batches - before_batches < router.commands - before_commands
+    assert len(router._nodes) >= 3 and router.redirects["moved"] == 0
+
+
+async def test_init_writes_each_slot_marker_on_its_own_primary_and_quarantine_removes_them(
+    cluster_url: str, valkey_cluster: ValkeyCluster, tmp_path: Path
+) -> None:
+    client = connect(cluster_url, timeout=5, max_connections=4, cluster=True)
+    store = Store(
+        client, registration="required", dispatch_timeout_ms=1000, retention_seconds=60,
+        state_file=tmp_path / "fencegate.state",
+    )  # fmt: skip
+    try:
+        assert await store.initialize(auto=False) == "written"
+        per_node = {}
+        for node in valkey_cluster.primaries():
+            keys = valkey_cluster.client(node).keys("fg:marker:*")
+            per_node[node.port] = len(keys)
+            served = valkey_cluster.client(node).execute_command("CLUSTER", "SLOTS")
+            ranges = [(int(r[0]), int(r[1])) for r in served if int(r[2][1]) == node.port]
+            for key in keys:  # every marker sits on the primary of its own slot
+                assert any(a <= key_slot_of(key) <= b for a, b in ranges)
+        assert sum(per_node.values()) == SLOTS and all(n > 5000 for n in per_node.values())
+        assert await store.initialize(auto=True) == "present"  # no CROSSSLOT on the check
+        from gateway.store import durability
+
+        await durability.quarantine(client)
+        for node in valkey_cluster.primaries():
+            assert valkey_cluster.client(node).keys("fg:marker*") == []
+        with pytest.raises(StoreUnavailable):
+            await store.register(JobKeys("default", "after"), 1, None)
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+async def test_noscript_on_a_flushed_primary_is_one_eval(
+    gw: Gateway, upstream: Upstream, valkey_cluster: ValkeyCluster
+) -> None:
+    port, job = next(iter(jobs_on_distinct_primaries(valkey_cluster).items()))
+    node = valkey_cluster.node_by_port(port)
+    assert (await gw.register(job, generation=1)).status == 201
+    valkey_cluster.client(node).script_flush()  # as a restart or a promoted replica has
+    assert (await gw.effect(job, "a", 1)).status == 200
+    assert (await gw.effect(job, "b", 1)).status == 200
+    shas = list(gw.app[K.STORE]._shas.values())
+    assert valkey_cluster.client(node).script_exists(shas[0]) == [True]  # EVAL loaded it again
+    assert len(upstream.received) == 2
+
+
+async def test_manual_failover_moved_and_noscript_on_the_new_primary(
+    gw: Gateway, upstream: Upstream, valkey_cluster: ValkeyCluster
+) -> None:
+    """The router's map still names the old primary: MOVED, then the promoted replica (which
+    never loaded the scripts) gets one EVAL; the fence and the records are intact there."""
+    port, job = next(iter(jobs_on_distinct_primaries(valkey_cluster).items()))
+    old = valkey_cluster.node_by_port(port)
+    assert (await gw.register(job, generation=1)).status == 201
+    assert (await gw.effect(job, "before", 1)).status == 200
+    assert (await gw.register(job, generation=2)).status == 201
+    (replica,) = valkey_cluster.replicas_of(old)
+    await asyncio.to_thread(valkey_cluster.failover, replica)  # plain: no write lost
+    router = router_of(gw)
+    slot = JobKeys("default", job).slot
+    router.owners[slot] = old.addr  # as the map was before (a sweep may have refreshed it)
+    moved = router.redirects["moved"]
+    zombie = await gw.effect(job, "after", 1)
+    assert zombie.status == 409 and (await zombie.json())["code"] == "stale_generation"
+    ok = await gw.effect(job, "after", 2)
+    assert ok.status == 200, await ok.text()
+    replay = await gw.effect(job, "before", 1)  # the record of the old primary, replicated
+    assert replay.status == 409 or replay.headers.get("Idempotent-Replayed") == "true"
+    assert router.redirects["moved"] > moved
+    assert router.owners[slot] == replica.addr
+    assert [r.headers["Fencing-Token"] for r in upstream.received] == ["1", "2"]
+    await asyncio.to_thread(valkey_cluster.failover, old)  # back, for the next tests
+
+
+async def test_slot_migrating_while_effects_flow(
+    gw: Gateway, upstream: Upstream, valkey_cluster: ValkeyCluster
+) -> None:
+    """A job's slot moves (IMPORTING/MIGRATING, keys MIGRATEd a few at a time, SETSLOT NODE)
+    while effects for its jobs flow: every answer is 200 or a 503 (TRYAGAIN past the bound,
+    nothing done), never a 500; retried after the move each step is dispatched exactly once,
+    the fence and the records moved with the slot, and so did the slot's marker."""
+    job = "mig"
+    keys = JobKeys("default", job)
+    source = valkey_cluster.owner(keys.slot)
+    target = next(p for p in valkey_cluster.primaries() if p.port != source.port)
+    assert (await gw.register(job, generation=1)).status == 201
+    for n in range(20):
+        assert (await gw.effect(job, f"pre{n}", 1)).status == 200
+    assert (await gw.register(job, generation=2)).status == 201
+    statuses: Counter[int] = Counter()
+    done: set[str] = set()
+    stop = asyncio.Event()
+
+    async def traffic() -> None:
+        n = 0
+        while not stop.is_set():
+            step = f"live{n % 40}"
+            resp = await gw.effect(job, step, 2)
+            statuses[resp.status] += 1
+            if resp.status == 200:
+                done.add(step)
+            else:
+                body = await resp.json()
+                assert resp.status == 503 and body["code"] == "store_unavailable", body
+            n += 1
+            await asyncio.sleep(0.002)
+
+    runner = asyncio.create_task(traffic())
+    await asyncio.sleep(0.2)
+
+    def migrate() -> None:
+        valkey_cluster.begin_migration(keys.slot, target)
+        while valkey_cluster.move_keys(keys.slot, source, target, limit=3):
+            import time
+
+            time.sleep(0.05)
+        valkey_cluster.finish_migration(keys.slot, target)
+
+    await asyncio.to_thread(migrate)
+    await asyncio.sleep(0.3)
+    stop.set()
+    await runner
+    for n in range(40):  # the ones refused meanwhile, again (and the others: replays)
+        resp = await gw.effect(job, f"live{n}", 2)
+        assert resp.status == 200, await resp.text()
+    per_step = Counter(r.headers["Idempotency-Key"] for r in upstream.received)
+    assert set(per_step.values()) == {1}, per_step
+    zombie = await gw.effect(job, "late", 1)
+    assert zombie.status == 409 and (await zombie.json())["code"] == "stale_generation"
+    target_client = valkey_cluster.client(target)
+    assert target_client.exists(keys.marker, keys.job) == 2  # the marker moved with its slot
+    assert (
+        valkey_cluster.client(source).execute_command("CLUSTER", "COUNTKEYSINSLOT", keys.slot) == 0
+    )
+    router = router_of(gw)
+    assert statuses[200] > 0
+    assert router.redirects["ask"] + router.redirects["tryagain"] + router.redirects["moved"] > 0
+    valkey_cluster.migrate_slot(keys.slot, source)  # back, for the next tests
+
+
+async def test_a_slot_gone_back_fails_closed_and_the_periodic_check_reads_every_slot(
+    make_gateway: Any,  # noqa: F811 (cluster_support's)
+    valkey_cluster: ValkeyCluster,
+) -> None:
+    """The per-slot markers are the epochs on Cluster: the periodic check reads all 16,384
+    through the router and keeps them as marks — so a slot this gateway never wrote, whose
+    counter then goes back (a lagging replica promoted, a restored shard), is caught too."""
+    a: Gateway = await make_gateway()
+    store: Store = a.app[K.STORE]
+    assert await store.heartbeat_epoch() is True
+    assert len(store.slot_seen) == SLOTS
+    never = JobKeys("default", "never-written")
+    node = valkey_cluster.owner(never.slot)
+    valkey_cluster.client(node).decrby(never.marker, 10)  # the slot went back
+    assert (await a.register("never-written", generation=1)).status == 503
+    assert await store.heartbeat_epoch() is False  # quarantined: every marker removed
+    for primary in valkey_cluster.primaries():
+        assert valkey_cluster.client(primary).keys("fg:marker*") == []
+    other = await a.register("elsewhere", generation=1)
+    assert other.status == 503
+
+
+async def test_audit_verify_and_scans_cover_every_primary(
+    gw: Gateway, valkey_cluster: ValkeyCluster
+) -> None:
+    jobs = list(jobs_on_distinct_primaries(valkey_cluster).values())
+    for job in jobs:
+        await gw.register(job, generation=2)
+        assert (await gw.effect(job, "s", 1)).status == 409  # one audited rejection each
+    check = await gw.app[K.STORE].verify_audit()
+    assert check.jobs == len(jobs) and check.entries == len(jobs) and not check.broken
+    feed = await gw.audit()  # the tenant feed: best effort, separate commands, all three
+    assert {e["job_id"] for e in feed} == set(jobs)
+
+
+async def test_tenant_feed_and_hints_are_best_effort(
+    gw: Gateway, upstream: Upstream, valkey_cluster: ValkeyCluster
+) -> None:
+    """The feed (fg:audit:<t>) lives in another slot than the job: written in its own command
+    after the verdict. Its primary stopped, the verdicts still hold."""
+    feed_node = valkey_cluster.owner(key_slot_of("fg:audit:default"))
+    job = next(
+        j for p, j in jobs_on_distinct_primaries(valkey_cluster).items() if p != feed_node.port
+    )
+    assert (await gw.register(job, generation=2)).status == 201
+    valkey_cluster.pause(feed_node)
+    try:
+        stale = await asyncio.wait_for(gw.effect(job, "s", 1), 15)
+        assert stale.status == 409, await stale.text()  # a true 409 stays a 409
+        ok = await asyncio.wait_for(gw.effect(job, "s", 2), 15)
+        assert ok.status == 200
+    finally:
+        valkey_cluster.resume(feed_node)
+    entries, _ = await gw.app[K.STORE].audit("default", job_id=job, limit=10, cursor=None)
+    assert [e.reason for e in entries] == ["stale_generation"]  # the job's own stream has it
+    assert len(upstream.received) == 1

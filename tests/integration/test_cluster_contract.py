@@ -1,0 +1,35 @@
+"""The contract suite on a 3+3 Valkey Cluster: every outcome row (test_effects), the relay
+(test_relay) and the concurrency tests (test_concurrency), unchanged, through a gateway with
+``[redis] cluster = true``; the fixtures of cluster_support replace the standalone ones."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from gateway.http import appkeys as K
+from tests.conftest import Gateway
+from tests.integration import test_relay
+from tests.integration.cluster_support import make_gateway, redis_sync, redis_url  # noqa: F401
+from tests.integration.test_concurrency import *  # noqa: F403
+from tests.integration.test_effects import *  # noqa: F403
+from tests.integration.test_relay import *  # noqa: F403
+
+# 300 rounds, each starting a sweep of 16,384 slot queues: ~50 s on Cluster; 40 here (below)
+del test_a_stopped_relay_always_stops  # noqa: F821
+assert test_relay.test_a_stopped_relay_always_stops
+
+
+async def test_a_stopped_relay_always_stops_on_cluster(gw: Gateway) -> None:
+    """As test_relay's, fewer rounds: the stop lands anywhere, including in the router's
+    futures of a sweep (cancelled callers, batches still in flight per node)."""
+    service = gw.app[K.SERVICE]
+    rng = random.Random(20261201)
+    for _ in range(40):
+        service._relay_stopping = False
+        relay = asyncio.create_task(service.relay_forever(interval=0.001))
+        await asyncio.sleep(rng.uniform(0, 0.02))
+        service.stop_relay()
+        relay.cancel()
+        done, _ = await asyncio.wait({relay}, timeout=4)
+        assert relay in done, "the relay did not stop"
