@@ -47,8 +47,15 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.store.replication import AckPolicy, AckStatus, first_key
@@ -59,6 +66,9 @@ __all__ = ["Batcher", "NotSent"]
 class NotSent(RedisConnectionError):
     """No connection could be had: the commands were never written, so they did not run."""
 
+
+# error replies of commands that did not run at all (Cluster redirections)
+_NOT_RUN = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 # One batch per connection write; more pending commands than this open
 # another batch on another pooled connection in the same tick.
@@ -232,8 +242,12 @@ class Batcher:
             self.ack_status.note(not reason, reason, len(calls))
             if reason:  # not one reply of this batch may leave: they all depend on it
                 failure = self.ack.failure(reason)
+                failure.stale_map = isinstance(acked[0], MovedError | AskError)
                 for call in calls:
-                    _settle(call, failure)
+                    # a redirected command did not run (Cluster): its own error, so the router
+                    # sends it where it belongs (and reads the map again)
+                    redirected = call.answered and isinstance(call.reply, _NOT_RUN)
+                    _settle(call, call.reply if redirected else failure)
                 return
         for call in calls:
             if call.answered:

@@ -268,6 +268,8 @@ class ClusterRouter:
         backoff = 0.01
         for _ in range(_MAX_REDIRECTS * 4):
             if isinstance(error, NotReplicated):  # it ran; its 503 is the acknowledgement's
+                if error.stale_map:  # the covering write went to a slot this node lost
+                    self._refresh_soon()
                 raise error
             if error is not None:
                 if isinstance(error, MovedError):
