@@ -6,10 +6,14 @@ Starts a durable redis-server (appendfsync always), an upstream HTTP receiver
 (a bare aiohttp JSON server) and ``fencegate serve`` (each its own process), and
 measures from a load generator in this process:
 
-  L1  raw redis-py EVALSHA of the admit script, and of the record script
+  L1  raw redis-py EVALSHA of the admit script, of the record script, and of the
+      checkpoint script
   L2  the bare aiohttp JSON server itself (the upstream), same load generator
   G1  accepted effect calls end to end (admit + webhook POST to the upstream + record)
   G2  replays          G3  stale rejections (zombie calls, audited)    G4  heartbeats
+  G5  fenced checkpoint writes (PUT …/checkpoints/{name}: one Lua script, no upstream)
+  O1  a 1 MiB output upload + the completion promoting it, against L6, the same on a bare
+      aiohttp server writing a file (benchmarks/outputs.py)
 
 and reports req/s, p50/p99/p99.9, the gateway's CPU seconds per 1,000 calls and
 peak RSS, the ratios G*/L2, and at one connection the gateway's latency minus a
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from benchmarks.loadgen import LeanClient
+from benchmarks.outputs import output_rows
 from gateway.store.embedded import EmbeddedRedis, free_port
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store, connect
@@ -159,6 +164,7 @@ class Stack:
     """redis-server, the upstream and ``fencegate serve --workers N``, pinned to server cores."""
 
     def __init__(self, workdir: Path, workers: int) -> None:
+        self.workdir = workdir
         self.redis = EmbeddedRedis(workdir / f"redis-{workers}", use_socket=False)
         self.redis.start()
         self.up_port, self.gw_port = free_port(), free_port()
@@ -170,6 +176,10 @@ url = "{self.redis.url}"
 data_dir = "{workdir / f"state-{workers}"}"
 auto_init = true
 max_connections = 128
+[connections]
+# the load generator's connections sit idle while the floors are measured (longer than
+# the 15 s default on a busy machine): the gateway must not close them meanwhile
+idle_timeout_seconds = 600
 [adapters.hook]
 type = "webhook"
 url = "http://127.0.0.1:{self.up_port}/hook"
@@ -337,12 +347,24 @@ async def run_stack(
             finally:
                 lean.close()
         rows.append(await measure("G4 heartbeat", n, concurrency, heartbeat, pids))
+        checkpoints = [
+            build("PUT", f"/v1/jobs/{j}/checkpoints/progress", {"page": i, "of": n},
+                  {"Fencing-Token": "1"})
+            for i, j in enumerate(jobs)
+        ]  # fmt: skip
+        rows.append(
+            await measure("G5 checkpoint write", n, concurrency, calls(checkpoints, 200), pids)
+        )
         await measure("register g2", n, concurrency, register(2))
         rows.append(await measure("G3 effect, stale 409", n, concurrency, effect("1", 409), pids))
         # one connection: the gateway's own latency over a direct upstream call
         await measure("register g3", n, concurrency, register(3))
         one = min(n, 2000)
         rows.append(await measure("G1 at 1 connection", one, 1, effect("3", 200, "single"), pids))
+        rows += await output_rows(
+            stack.gw_port, stack.workdir, run_id, n, measure, pids,
+            lambda pid: pin(pid, SERVER_CORES),
+        )  # fmt: skip
     finally:
         gw.close()
     return rows
@@ -359,6 +381,7 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     keys = JobKeys("default", f"floor-{secrets.token_hex(3)}")
     await store.register(keys, 1, None)
     admit_sha, record_sha = store._shas["admit-5"], store._shas["record-2"]
+    checkpoint_sha = store._shas["checkpoint-3"]
 
     def trailer(rid: str) -> tuple[list[str], list[str]]:
         """The prelude's trailer every script call carries (see gateway/store/lua/_prelude.lua)."""
@@ -385,6 +408,16 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     # one at a time: the round trip of a durable write (appendfsync always: one fsync each)
     one = min(n, 2000)
     rows.append(await measure("L1 admit at 1 connection", one, 1, lambda i: admit_raw(i, "one")))
+
+    async def checkpoint_raw(i: int) -> None:  # the G5 row's script, without the gateway
+        tk, ta = trailer(f"c{i}")
+        await client.evalsha(
+            checkpoint_sha, 5, keys.job, keys.ckpt, keys.audit, *tk, "1", "required",
+            "progress", f'{{"of":{n},"page":{i}}}', "null", "", keys.job_id, "default", "3600",
+            *ta,
+        )  # fmt: skip
+
+    rows.append(await measure("L1 raw EVALSHA checkpoint", n, concurrency, checkpoint_raw))
     await store.aclose()
     await client.aclose()
     up = LeanClient("127.0.0.1", stack.up_port)
@@ -487,6 +520,14 @@ def main() -> None:
             f"{by['L5 minimal replay, raw asyncio protocol']['ratio_to_l2']}"
         ),
         "G1 p99/p50 at saturation": round(g1["p99_ms"] / g1["p50_ms"], 2),
+        "G5/L1 (a fenced checkpoint end to end over its raw EVALSHA), G5/L2": (
+            f"{by['G5 checkpoint write']['rps'] / by['L1 raw EVALSHA checkpoint']['rps']:.3f}, "
+            f"{by['G5 checkpoint write']['ratio_to_l2']}"
+        ),
+        "O1/L6 (1 MiB output upload + completion over the bare aiohttp file write)": round(
+            by["O1 output 1 MiB upload + completion"]["rps"]
+            / by["L6 bare aiohttp 1 MiB PUT to a file + JSON POST"]["rps"], 3
+        ),
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)": (
             f"{g1_one['p50_ms'] - l2_one['p50_ms']:.3f} / {g1_one['p99_ms'] - l2_one['p99_ms']:.3f}"
         ),

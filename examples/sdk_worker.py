@@ -10,9 +10,12 @@ The pattern, as in the seed articles:
 2. Register that generation with fencegate at claim time, so an older worker
    still running the job is refused at once.
 3. Do the work; route every side effect through fencegate under ``FencedJob``
-   (which heartbeats, and cancels this work if the job is taken over).
-4. Commit with a conditional ``UPDATE … WHERE attempt = ?``: zero rows means
-   the job moved on, and the result is discarded.
+   (which heartbeats, and cancels this work if the job is taken over). Progress
+   goes to a fenced checkpoint, so the next attempt resumes where this one got to.
+4. Complete the job in fencegate (one conditional write: a superseded attempt's
+   completion changes nothing), then commit with a conditional
+   ``UPDATE … WHERE attempt = ?``: zero rows means the job moved on, and the result
+   is discarded.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import asyncio
 import sqlite3
 import time
 
-from gateway.client import FencedJob, JobCancelled, LeaseExpired, Scheduler, StaleGeneration
+from gateway.client import (
+    FencedJob,
+    JobCancelled,
+    JobCompleted,
+    LeaseExpired,
+    Scheduler,
+    StaleGeneration,
+)
 
 LEASE_SECONDS = 30
 SCHEMA = """CREATE TABLE IF NOT EXISTS jobs (
@@ -59,13 +69,17 @@ async def run_once(gateway: str, db: sqlite3.Connection, worker: str, api_key: s
         await sched.register(job_id, generation=attempt, lease_ms=LEASE_SECONDS * 1000)
     try:
         async with FencedJob(gateway, job_id, attempt, api_key=api_key, worker_id=worker) as job:
-            await job.effect(
-                "notify",
-                adapter="hook",
-                operation="order.shipped",
-                payload={"job": job_id, "message": "your order shipped"},
-            )
-    except (StaleGeneration, JobCancelled, LeaseExpired) as err:
+            progress = await job.load_checkpoint("progress")  # an earlier attempt's, if any
+            if progress is None or not progress.value.get("notified"):
+                await job.effect(
+                    "notify",
+                    adapter="hook",
+                    operation="order.shipped",
+                    payload={"job": job_id, "message": "your order shipped"},
+                )
+                await job.checkpoint("progress", {"notified": True})
+            await job.complete(result={"notified": True})
+    except (StaleGeneration, JobCancelled, LeaseExpired, JobCompleted) as err:
         return f"superseded ({err.code}): stopped"
     return "done" if commit(db, job_id, attempt) else "lost the job before commit: discarded"
 

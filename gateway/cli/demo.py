@@ -1,13 +1,15 @@
 """``fencegate demo``: the zombie-worker timeline, end to end, on this machine.
 
-A gateway (embedded durable Redis), an SMTP sink, a webhook receiver, a SQLite
-job table with an atomic claim, and two worker processes. Worker A claims job
-``r`` and is frozen with SIGSTOP in the middle of its work (a stand-in for a GC
-pause or a suspended VM) until its lease runs out; worker B claims the job,
-registers generation 2 and does the work; A is resumed (SIGCONT) and tries to
-send the same email. The demo prints the timeline and a table, and exits 0
-only if every invariant held: one email and one webhook per key, A's calls
-refused and audited with both generations, A's completion matched zero rows.
+A gateway (embedded durable Redis, outputs in a directory beside it), an SMTP sink, a
+webhook receiver, a SQLite job table with an atomic claim, and two worker processes
+(:mod:`gateway.cli.demo_worker`). Worker A claims job ``r``, checkpoints, renders its
+report and uploads it to its own attempt-scoped location, and is frozen with SIGSTOP
+(a stand-in for a GC pause or a suspended VM) until its lease runs out; worker B claims
+the job, registers generation 2, resumes from A's checkpoint, renders, sends and
+completes — its report is promoted. A is resumed (SIGCONT), tries to send the same email
+and to complete: refused. The demo then reads the official report, lists A's orphan and
+sweeps it (``fencegate outputs sweep``), prints the timeline and a table, and exits 0 only
+if every invariant held (:mod:`gateway.cli.demo_report`).
 """
 
 from __future__ import annotations
@@ -21,88 +23,23 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from gateway.client import FencedJob, Scheduler, StaleGeneration
+from gateway.cli.demo_report import OutputStory, report
+from gateway.cli.demo_worker import JOB, LEASE_MS, OUTPUT, SCHEMA
+from gateway.cli.demo_worker import run as run_worker
+from gateway.cli.jobview import output_status
+from gateway.client import Scheduler
 from gateway.core.errors import FencegateError
 from gateway.store.embedded import free_port
 
-JOB = "r"
-LEASE_MS = 1500
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY, attempt INTEGER NOT NULL DEFAULT 0, owner TEXT,
-    lease_until REAL NOT NULL DEFAULT 0, state TEXT NOT NULL DEFAULT 'queued');
-"""
+__all__ = ["Sinks", "_report", "main", "run_demo"]
 
-# -- the worker (runs in its own process) --------------------------------------
-
-
-def claim(db: Path, job_id: str, worker: str) -> int | None:
-    """Atomic claim: the attempt counter is the fencing token (zero rows: not ours)."""
-    now = time.time()
-    with sqlite3.connect(db, isolation_level=None) as conn:
-        row = conn.execute(
-            "UPDATE jobs SET attempt = attempt + 1, owner = ?, lease_until = ?, state = 'running' "
-            "WHERE job_id = ? AND state != 'succeeded' AND (owner IS NULL OR lease_until < ?) "
-            "RETURNING attempt",
-            (worker, now + LEASE_MS / 1000, job_id, now),
-        ).fetchone()
-    return int(row[0]) if row else None
-
-
-def complete(db: Path, job_id: str, attempt: int) -> int:
-    """Commit only if the attempt is still current; returns the rows changed."""
-    with sqlite3.connect(db, isolation_level=None) as conn:
-        cur = conn.execute(
-            "UPDATE jobs SET state = 'succeeded', owner = NULL WHERE job_id = ? AND attempt = ?",
-            (job_id, attempt),
-        )
-        return cur.rowcount
-
-
-def emit(worker: str, event: str, **fields: Any) -> None:
-    print(json.dumps({"worker": worker, "event": event, **fields}), flush=True)
-
-
-async def worker_main(worker: str, db: Path, url: str) -> int:
-    attempt = claim(db, JOB, worker)
-    if attempt is None:
-        emit(worker, "nothing_to_claim")
-        return 0
-    async with Scheduler(url) as sched:
-        await sched.register(JOB, generation=attempt, lease_ms=LEASE_MS)
-    emit(worker, "claimed", generation=attempt)
-    try:
-        async with FencedJob(url, JOB, attempt, worker_id=worker, heartbeat_interval=0.3) as job:
-            emit(worker, "rendering")
-            # Blocking on purpose: like a GC pause, it stalls the heartbeats too.
-            time.sleep(0.6)  # noqa: ASYNC251
-            email = {
-                "to": ["customer@example.com"],
-                "subject": "Shipped",
-                "text": "Order 1234 is on its way.",
-            }
-            for step, adapter, op, payload in (
-                ("notify", "email", "send", email),
-                ("crm", "crm", "order.shipped", {"order": 1234}),
-            ):  # fmt: skip
-                emit(worker, "effect", step=step, generation=attempt)
-                res = await job.effect(step, adapter=adapter, operation=op, payload=payload)
-                emit(worker, "effect_ok", step=step, replayed=res.replayed, generation=attempt)
-    except (StaleGeneration, FencegateError) as err:
-        emit(worker, "refused", code=err.code, presented=err.fields.get("presented"),
-             current=err.fields.get("current"))  # fmt: skip
-    rows = complete(db, JOB, attempt)
-    emit(worker, "completed" if rows else "completion_rejected", rows=rows, generation=attempt)
-    return 0
-
-
-# -- the orchestrator ------------------------------------------------------------
+_report = report  # the name tests and older callers know
 
 
 class Sinks:
@@ -183,6 +120,9 @@ async def run_demo(workdir: Path) -> int:
         f"""
 [redis]
 data_dir = "{workdir / "redis"}"
+[outputs]
+# the demo sweeps once, visibly, after the story (fencegate outputs sweep)
+sweep_interval_seconds = 0
 [adapters.email]
 type = "smtp"
 host = "127.0.0.1"
@@ -211,6 +151,7 @@ url = "http://127.0.0.1:{sinks.http_port}/crm"
         readers.append(asyncio.create_task(_read_events(proc, events, t0)))
         return proc
 
+    story = OutputStory()
     try:
         async with Scheduler(url) as probe:
             for _ in range(300):
@@ -222,7 +163,7 @@ url = "http://127.0.0.1:{sinks.http_port}/crm"
         print("timeline:")
         _log(t0, f"gateway up at {url} (embedded Redis, appendfsync always)")
         a = await start_worker("A")
-        await _wait_for(events, "A", "rendering")
+        await _wait_for(events, "A", "rendered")
         a.send_signal(signal.SIGSTOP)
         _log(t0, f"worker A frozen (SIGSTOP) mid-work; its {LEASE_MS} ms lease runs out")
         await asyncio.sleep(LEASE_MS / 1000 + 0.5)
@@ -236,6 +177,15 @@ url = "http://127.0.0.1:{sinks.http_port}/crm"
         async with Scheduler(url) as sched:
             audit = (await sched.audit(job_id=JOB))["items"]
             job = await sched.job(JOB)
+        story.orphans = [o for o in job["outputs"] if output_status(job, o) == "orphan"]
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{url}/v1/jobs/{JOB}/outputs/{OUTPUT}") as resp,
+        ):
+            story.official = await resp.read() if resp.status == 200 else None
+        _log(t0, f"official {OUTPUT} read back; orphans listed: {len(story.orphans)}")
+        story.sweep, story.a_object_left = await _sweep(cfg, workdir)
+        _log(t0, "orphan sweep ran (fencegate outputs sweep)")
     finally:
         for proc in workers.values():
             if proc.returncode is None:
@@ -247,64 +197,20 @@ url = "http://127.0.0.1:{sinks.http_port}/crm"
         await runner.cleanup()
         smtp.stop()
 
-    return _report(events, sinks, audit, job, db)
+    return report(events, sinks, audit, job, db, story)
 
 
-def _report(
-    events: list[dict[str, Any]],
-    sinks: Sinks,
-    audit: list[dict[str, Any]],
-    job: dict[str, Any],
-    db: Path,
-) -> int:
-    attempted = Counter(e["worker"] for e in events if e["event"] == "effect")
-    refused = [e for e in events if e["event"] == "refused"]
-    delivered = Counter(key for _, key in sinks.emails) + Counter(key for key, _ in sinks.hooks)
-    with sqlite3.connect(db) as conn:
-        state, attempt = conn.execute(
-            "SELECT state, attempt FROM jobs WHERE job_id = ?", (JOB,)
-        ).fetchone()
-    print("\nresult:")
-    print(f"  {'worker':<8}{'effects attempted':>18}{'refused':>9}  completion")
-    for name in ("A", "B"):
-        comp = next(
-            (e for e in events if e["worker"] == name and e["event"].startswith("complet")), {}
-        )
-        n_ref = sum(1 for e in refused if e["worker"] == name)
-        outcome = f"{comp.get('event', '-')} (rows={comp.get('rows', '-')})"
-        print(f"  {name:<8}{attempted[name]:>18}{n_ref:>9}  {outcome}")
-    print(f"\n  {'key':<12}{'delivered downstream':>22}")
-    for key in ("r:notify", "r:crm"):
-        print(f"  {key:<12}{delivered[key]:>22}")
-    print("\n  audit log (rejections):")
-    for e in audit:
-        gens = f"presented={e['presented']} current={e['current']}"
-        print(f"    {e['reason']:<18} step={e['step']} {gens} worker={e['worker_id']}")
-    print(f"\n  job table: state={state} attempt={attempt}; gateway fence={job['fence']}")
-    checks = {
-        "exactly one email, keyed r:notify": delivered["r:notify"] == 1 and len(sinks.emails) == 1,
-        "exactly one webhook, keyed r:crm": delivered["r:crm"] == 1 and len(sinks.hooks) == 1,
-        "worker A refused with stale_generation 1 < 2": any(
-            e["worker"] == "A"
-            and e["code"] == "stale_generation"
-            and (e["presented"], e["current"]) == (1, 2)
-            for e in refused
-        ),
-        "the refusal is audited with both generations": any(
-            e["reason"] == "stale_generation" and (e["presented"], e["current"]) == (1, 2)
-            for e in audit
-        ),
-        "A's completion matched zero rows": any(
-            e["worker"] == "A" and e["event"] == "completion_rejected" for e in events
-        ),
-        "B delivered under generation 2": {tok for _, tok in sinks.hooks} == {"2"},
-        "job succeeded at attempt 2, fence 2": (state, attempt, job["fence"])
-        == ("succeeded", 2, 2),
-    }
-    print("\ninvariants:")
-    for name, ok in checks.items():
-        print(f"  [{'ok' if ok else 'FAILED'}] {name}")
-    return 0 if all(checks.values()) else 1
+async def _sweep(cfg: Path, workdir: Path) -> tuple[str, bool]:
+    """One run of the orphan sweeper against the demo's gateway (its Redis socket), with
+    no grace: the story is seconds long. Returns its output and whether A's object is
+    still in the outputs directory afterwards."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "outputs", "sweep", "--config", str(cfg),
+        "--grace", "0", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    left = await asyncio.to_thread(lambda: any(workdir.rglob(f"g1/{OUTPUT}")))
+    return out.decode(), left
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("url")
     args = parser.parse_args(argv)
     if args.cmd == "worker":
-        return asyncio.run(worker_main(args.name, args.db, args.url))
+        return asyncio.run(run_worker(args.name, args.db, args.url))
     with tempfile.TemporaryDirectory(prefix="fencegate-demo-") as tmp:
         return asyncio.run(run_demo(Path(tmp)))
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
+    from gateway.cli.jobview import job_state_lines
     from gateway.client import Scheduler
 
     async def run() -> dict[str, Any]:
@@ -52,6 +53,8 @@ def cmd_job(args: argparse.Namespace) -> int:
         print(
             _table(rows, ["step", "state", "gen", "adapter", "operation", "attempts", "updated_at"])
         )
+    for line in job_state_lines(job, _table):  # completion, checkpoints, outputs
+        print(line)
     return EXIT_OK
 
 

@@ -17,6 +17,7 @@ import redis
 
 from adapters.registry import AdapterConfigError
 from gateway import __version__
+from gateway.cli import outputs as outputs_cli
 from gateway.cli.admin import cmd_check_config, cmd_example_config, cmd_init, cmd_keys_new
 from gateway.cli.common import EXIT_CONFIG, EXIT_RUNTIME
 from gateway.cli.jobs import cmd_audit, cmd_job
@@ -62,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     # chaos testing only: die at a point of the effect flow
     serve.add_argument(
         "--chaos-crash-at",
-        choices=["before_admit", "after_admit", "after_dispatch", "after_record"],
+        choices=[
+            "before_admit",
+            "after_admit",
+            "after_dispatch",
+            "after_record",
+            "after_output_write",
+        ],
         help=argparse.SUPPRESS,
     )
     serve.add_argument("--chaos-crash-rate", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -96,11 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--tenant", default="default", type=_tenant)
     new.set_defaults(func=cmd_keys_new)
 
+    outputs_cli.add_parser(sub)
+
     demo = sub.add_parser("demo", help="run the zombie-worker timeline end to end, locally")
     demo.set_defaults(func=cmd_demo)
 
     for name, helptext in (
-        ("job", "show a job's fence and effects"),
+        ("job", "show a job's fence, effects, checkpoints, outputs and completion"),
         ("audit", "list rejected calls"),
     ):
         p = sub.add_parser(name, help=helptext)

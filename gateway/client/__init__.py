@@ -9,6 +9,9 @@
 
     async with FencedJob("http://127.0.0.1:8080", "r", gen.token, api_key=...) as job:
         result = await job.effect("notify", adapter="email", operation="send", payload={...})
+        await job.checkpoint("progress", {"page": 3})        # a new generation resumes from it
+        await job.put_output("report.pdf", Path("report.pdf"), content_type="application/pdf")
+        await job.complete(result={"pages": 3}, outputs=["report.pdf"])  # promotes the report
 
 Errors are the gateway's own classes (:mod:`gateway.core.errors`), rebuilt from the
 problem document, with its fields as attributes (``exc.presented``,
@@ -25,6 +28,8 @@ error instead of ``CancelledError``. Only ``effect_in_progress`` and
 from gateway.client.api import (
     AdapterUnavailable,
     BadToken,
+    CheckpointValue,
+    Completion,
     EffectFailed,
     EffectInProgress,
     EffectResult,
@@ -35,8 +40,11 @@ from gateway.client.api import (
     IntentMismatch,
     InvalidRequest,
     JobCancelled,
+    JobCompleted,
     LeaseExpired,
     OutcomeUnknown,
+    OutputNotStaged,
+    OutputUploaded,
     Rejection,
     Scheduler,
     StaleGeneration,
@@ -50,6 +58,8 @@ from gateway.client.sync import SyncFencedJob, SyncScheduler
 __all__ = [
     "AdapterUnavailable",
     "BadToken",
+    "CheckpointValue",
+    "Completion",
     "EffectFailed",
     "EffectInProgress",
     "EffectResult",
@@ -60,8 +70,11 @@ __all__ = [
     "IntentMismatch",
     "InvalidRequest",
     "JobCancelled",
+    "JobCompleted",
     "LeaseExpired",
     "OutcomeUnknown",
+    "OutputNotStaged",
+    "OutputUploaded",
     "Rejection",
     "Scheduler",
     "StaleGeneration",

@@ -12,6 +12,13 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from gateway.client.jobdata import (
+    SUPERSEDED,
+    CheckpointValue,
+    Completion,
+    JobData,
+    OutputUploaded,
+)
 from gateway.core.errors import (
     AdapterUnavailable,
     BadToken,
@@ -22,8 +29,10 @@ from gateway.core.errors import (
     IntentMismatch,
     InvalidRequest,
     JobCancelled,
+    JobCompleted,
     LeaseExpired,
     OutcomeUnknown,
+    OutputNotStaged,
     Rejection,
     StaleGeneration,
     StoreUnavailable,
@@ -37,6 +46,8 @@ from gateway.core.tokens import sign_token
 __all__ = [
     "AdapterUnavailable",
     "BadToken",
+    "CheckpointValue",
+    "Completion",
     "EffectFailed",
     "EffectInProgress",
     "EffectResult",
@@ -47,8 +58,11 @@ __all__ = [
     "IntentMismatch",
     "InvalidRequest",
     "JobCancelled",
+    "JobCompleted",
     "LeaseExpired",
     "OutcomeUnknown",
+    "OutputNotStaged",
+    "OutputUploaded",
     "Rejection",
     "Scheduler",
     "StaleGeneration",
@@ -59,9 +73,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-# The answers after which a worker must stop working on the job.
-SUPERSEDED = (StaleGeneration, JobCancelled, LeaseExpired, UnregisteredGeneration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +136,7 @@ class _Client:
         json: Any = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
+        data: Any = None,
     ) -> tuple[int, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
@@ -134,6 +146,7 @@ class _Client:
                 method,
                 self._base + path,
                 json=json,
+                data=data,
                 headers={**self._headers, **(headers or {})},
                 params=params,
             ) as resp:
@@ -195,8 +208,9 @@ class Scheduler(_Client):
         return dict(out)
 
 
-class FencedJob(_Client):
-    """A worker's hold on one job generation: fenced effects plus automatic heartbeats."""
+class FencedJob(_Client, JobData):
+    """A worker's hold on one job generation: fenced effects, checkpoints, outputs and
+    completion (:class:`~gateway.client.jobdata.JobData`), plus automatic heartbeats."""
 
     def __init__(
         self,
@@ -220,6 +234,7 @@ class FencedJob(_Client):
         self.retries = retries
         self.backoff = backoff
         self.superseded: FencegateError | None = None
+        self.completion: Completion | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -262,6 +277,8 @@ class FencedJob(_Client):
             await asyncio.sleep(interval)
             try:
                 await self.heartbeat()
+            except JobCompleted:
+                return  # completed (by this generation: a stale one hears stale_generation)
             except SUPERSEDED as err:
                 self._supersede(err)
                 return

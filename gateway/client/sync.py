@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from gateway.client.api import FencedJob, Generation, Scheduler
+from gateway.client.jobdata import CheckpointValue, Completion, OutputData, OutputUploaded
 from gateway.core.errors import (
     FencegateError,
 )
@@ -103,6 +104,23 @@ class SyncFencedJob:
 
     def heartbeat(self) -> dict[str, Any]:
         return self._loop.run(self._job.heartbeat())
+
+    def checkpoint(self, name: str, value: Any) -> CheckpointValue:
+        self.check()
+        return self._loop.run(self._job.checkpoint(name, value))
+
+    def load_checkpoint(self, name: str) -> CheckpointValue | None:
+        return self._loop.run(self._job.load_checkpoint(name))
+
+    def put_output(
+        self, name: str, data: OutputData, *, content_type: str = "application/octet-stream"
+    ) -> OutputUploaded:
+        self.check()
+        return self._loop.run(self._job.put_output(name, data, content_type=content_type))
+
+    def complete(self, *, result: Any = None, outputs: Sequence[str] = ()) -> Completion:
+        self.check()
+        return self._loop.run(self._job.complete(result=result, outputs=outputs))
 
     def close(self) -> None:
         async def stop() -> None:

@@ -23,11 +23,17 @@ gateway decided::
     │   ├── JobCancelled              job_cancelled
     │   ├── GenerationRegression      generation_regression
     │   ├── GenerationExhausted       generation_exhausted (fence is 2^53-1: nothing to allocate)
+    │   ├── JobCompleted              job_completed (the job completed: nothing new is taken)
     │   └── IntentMismatch        422 intent_mismatch
     ├── EffectInProgress          409 effect_in_progress (Retry-After)
     ├── OutcomeUnknown            409 outcome_unknown (504 when this call timed out)
     ├── EffectNotUnknown          409 effect_not_unknown (resolve: the outcome is known)
+    ├── OutputInProgress          409 output_in_progress (Retry-After; an upload of it is running)
+    ├── UploadUrlUnsupported      501 upload_url_unsupported (the object store cannot sign URLs)
+    ├── ObjectStoreUnavailable    503 object_store_unavailable (nothing was recorded)
     ├── UnknownAdapter            422 unknown_adapter
+    ├── OutputNotStaged           422 output_not_staged (completion names outputs this
+    │                                 generation did not record; ``missing``: their names)
     ├── EffectFailed              424 effect_failed
     ├── AdapterUnavailable        502 adapter_unavailable
     ├── StoreUnavailable          503 store_unavailable
@@ -54,10 +60,14 @@ __all__ = [
     "InternalError",
     "InvalidRequest",
     "JobCancelled",
+    "JobCompleted",
     "LeaseExpired",
     "MethodNotAllowed",
     "NotFound",
+    "ObjectStoreUnavailable",
     "OutcomeUnknown",
+    "OutputInProgress",
+    "OutputNotStaged",
     "PayloadTooLarge",
     "QuotaExceeded",
     "Rejection",
@@ -68,6 +78,7 @@ __all__ = [
     "UnknownAdapter",
     "UnregisteredGeneration",
     "UnsupportedMediaType",
+    "UploadUrlUnsupported",
     "error_for_code",
 ]
 
@@ -204,6 +215,11 @@ class GenerationExhausted(Rejection):
     title = "The job's fence is the largest generation; no next one can be allocated"
 
 
+class JobCompleted(Rejection):
+    code = "job_completed"
+    title = "The job completed; it takes no new effects, checkpoints, outputs or generations"
+
+
 class IntentMismatch(Rejection):
     code = "intent_mismatch"
     status = 422
@@ -228,10 +244,34 @@ class EffectNotUnknown(FencegateError):
     title = "Only a step whose outcome is unknown can be resolved"
 
 
+class OutputInProgress(FencegateError):
+    code = "output_in_progress"
+    status = 409
+    title = "An upload of this output by this generation is in progress"
+
+
+class UploadUrlUnsupported(FencegateError):
+    code = "upload_url_unsupported"
+    status = 501
+    title = "The configured object store cannot sign upload URLs"
+
+
+class ObjectStoreUnavailable(FencegateError):
+    code = "object_store_unavailable"
+    status = 503
+    title = "The object store for outputs is unavailable"
+
+
 class UnknownAdapter(FencegateError):
     code = "unknown_adapter"
     status = 422
     title = "No adapter of that name is configured"
+
+
+class OutputNotStaged(FencegateError):
+    code = "output_not_staged"
+    status = 422
+    title = "An output named by the completion was not recorded by this generation"
 
 
 class EffectFailed(FencegateError):

@@ -27,6 +27,9 @@ from adapters.registry import build_adapters, validate_configs
 from gateway.core.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.core.tokens import TokenSigner
 from gateway.fencing.bulkheads import HttpPools, scope_adapters
+from gateway.fencing.completion import CompletionService
+from gateway.fencing.outputs import OutputService
+from gateway.fencing.outputs_sweep import sweep as sweep_outputs
 from gateway.fencing.quotas import QuotaedService, Quotas
 from gateway.fencing.tenancy import resolve_tenancy
 from gateway.http import appkeys as K
@@ -34,13 +37,17 @@ from gateway.http.auth import Authenticator
 from gateway.http.browser import GUARD as BROWSER_GUARD
 from gateway.http.browser import BrowserGuard
 from gateway.http.connections import GUARD, GuardSlot, body_deadline
+from gateway.http.jobviews import JOB_ROUTES
 from gateway.http.openapi import build_openapi
+from gateway.http.outputs import OUTPUT_ROUTES, OUTPUTS
 from gateway.http.problems import from_http_exception, problem_response
 from gateway.http.views import HOT_HANDLERS, ROUTES
+from gateway.objects import build_object_store
 from gateway.runtime.logging import end_request, log_request, request_context
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import ConfigError, Settings, read_secret
 from gateway.store import anchors as anchors_module
+from gateway.store.jobstate import JobState
 from gateway.store.replication import AckPolicy
 from gateway.store.store import Store, connect
 from gateway.store.topology import Topology
@@ -148,6 +155,7 @@ def create_app(
             raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
 
     audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
+    objects = build_object_store(settings, secret)  # outputs (issue 16): config errors here
 
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(
@@ -189,7 +197,23 @@ def create_app(
         except StoreUnavailable as exc:
             log.warning("redis_unavailable_at_start", detail=exc.detail)
         app[K.STORE] = store
+        app[K.JOBSTATE] = JobState(
+            store,
+            registration=settings.fencing.registration,
+            retention_seconds=settings.fencing.retention_seconds,
+        )
+        # the object store's side sets .recorder (pre-signed uploads recorded at completion)
+        app[K.COMPLETION] = CompletionService(app[K.JOBSTATE])
         app[K.METRICS].watch(store.batcher)
+        app[OUTPUTS] = OutputService(
+            store,
+            objects,
+            settings.outputs,
+            registration=settings.fencing.registration,
+            retention_seconds=settings.fencing.retention_seconds,
+            crash_hook=crash_hook,
+        )
+        app[K.COMPLETION].recorder = app[OUTPUTS]  # presigned uploads recorded at completion
 
         async def epochs() -> None:
             while True:
@@ -205,7 +229,20 @@ def create_app(
                 except OSError as exc:
                     log.error("state_file_write_failed", error=str(exc))
 
-        tickers = [asyncio.create_task(epochs()), asyncio.create_task(marks())]
+        async def sweeps() -> None:
+            interval = settings.outputs.sweep_interval_seconds
+            while interval > 0:
+                await asyncio.sleep(interval * random.uniform(0.8, 1.2))
+                try:
+                    await sweep_outputs(
+                        app[OUTPUTS],
+                        grace_seconds=settings.outputs.orphan_grace_seconds,
+                        metrics=app[K.METRICS],
+                    )
+                except Exception as exc:  # a failed sweep is tried again next interval
+                    log.warning("output_sweep_failed", error=str(exc))
+
+        tickers = [asyncio.create_task(t()) for t in (epochs, marks, sweeps)]
         if settings.redis.replicas_acked:  # the replication topology, checked periodically
 
             def topology(report: Topology) -> None:
@@ -303,6 +340,8 @@ def create_app(
     app.cleanup_ctx.append(redis_ctx)
     app.cleanup_ctx.append(adapters_ctx)
     # the router tries routes sharing a prefix in the order added: the hot ones first
-    for route in sorted(ROUTES, key=lambda r: r.handler not in HOT_HANDLERS):
+    for route in sorted(
+        (*ROUTES, *JOB_ROUTES, *OUTPUT_ROUTES), key=lambda r: r.handler not in HOT_HANDLERS
+    ):
         app.router.add_route(route.method, route.path, route.handler)
     return app

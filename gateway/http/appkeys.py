@@ -6,10 +6,12 @@ from aiohttp import web
 
 from adapters.base import Adapter
 from gateway.core.tokens import TokenSigner
+from gateway.fencing.completion import CompletionService
 from gateway.fencing.service import EffectService
 from gateway.http.auth import Authenticator
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import Settings
+from gateway.store.jobstate import JobState
 from gateway.store.store import Store
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -20,3 +22,5 @@ ADAPTERS = web.AppKey("adapters", dict[str, Adapter])
 SERVICE = web.AppKey("service", EffectService)
 OPENAPI = web.AppKey("openapi", bytes)
 SIGNER: web.AppKey[TokenSigner | None] = web.AppKey("signer")
+JOBSTATE = web.AppKey("jobstate", JobState)
+COMPLETION = web.AppKey("completion", CompletionService)

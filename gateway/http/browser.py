@@ -15,7 +15,9 @@ In order, on every route and method (``/healthz``, ``/metrics`` and
    ``application/json`` (an optional ``charset=utf-8``) — else 415
    ``unsupported_media_type``; the one exception is an empty body declared
    ``application/octet-stream`` (what aiohttp's client sends on a POST without
-   a body). HTML forms can only send urlencoded, multipart or ``text/plain``
+   a body), and the output upload route (``streams_body``: a PUT, which no form can
+   send and a page's ``fetch`` cannot send cross-site without a preflight). HTML forms
+   can only send urlencoded, multipart or ``text/plain``
    (even with no fields), and a page's ``fetch`` with a JSON or octet-stream
    body needs a CORS preflight, which this gateway never allows (it sends no
    CORS headers at all).
@@ -126,6 +128,8 @@ class BrowserGuard:
             if site is not None and site.lower() not in _SAFE_SITES:
                 raise Forbidden(f"requests from web pages are refused: Sec-Fetch-Site is {site!r}")
         types = headers.getall("Content-Type", ())
+        if getattr(request.match_info.handler, "streams_body", False):
+            return  # an output's bytes (PUT only: no form sends one; any media type)
         if len(types) > 1:
             raise UnsupportedMediaType("more than one Content-Type header")
         if types:

@@ -216,7 +216,8 @@ def body_deadline(timeout: float) -> Any:
             slot.guard.started(request.transport)
         limit = request.app[K.SETTINGS].server.max_body_bytes
         length = request.content_length
-        if request.body_exists and (length is None or length <= limit):
+        streams = getattr(request.match_info.handler, "streams_body", False)  # outputs
+        if request.body_exists and not streams and (length is None or length <= limit):
             try:
                 async with asyncio.timeout(timeout):
                     await request.read()  # cached: the handler's read() gets the same bytes

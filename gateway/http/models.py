@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from gateway.core.tokens import MAX_GENERATION
 
@@ -13,6 +13,12 @@ __all__ = [
     "AuditEntryOut",
     "AuditPageOut",
     "CancelOut",
+    "CheckpointBody",
+    "CheckpointListOut",
+    "CheckpointOut",
+    "CheckpointSummaryOut",
+    "CompleteBody",
+    "CompletionOut",
     "EffectAcceptedOut",
     "EffectBody",
     "EffectOut",
@@ -21,7 +27,9 @@ __all__ = [
     "HealthOut",
     "HeartbeatOut",
     "JobOut",
+    "OutputRecordOut",
     "Problem",
+    "PromotedOutputOut",
     "ReadyOut",
     "RegisterBody",
     "ResolveBody",
@@ -66,6 +74,17 @@ class ResolveBody(_In):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
 
     outcome: Literal["delivered", "not_delivered"]
+    result: Any = None
+
+
+class CheckpointBody(RootModel[Any]):
+    """A checkpoint's value: any JSON value (at most ``checkpoints.max_bytes``)."""
+
+
+class CompleteBody(_In):
+    """A fenced completion: the outputs this generation recorded, promoted, and a result."""
+
+    outputs: list[str] = Field(default_factory=list, max_length=256)
     result: Any = None
 
 
@@ -123,6 +142,61 @@ class EffectRecordOut(BaseModel):
     updated_at: str | None
 
 
+class CheckpointOut(BaseModel):
+    """A checkpoint as written: its value and the generation that wrote it."""
+
+    job_id: str
+    name: str
+    generation: int
+    worker_id: str | None
+    at: str | None
+    value: Any = None
+
+
+class CheckpointSummaryOut(BaseModel):
+    generation: int
+    worker_id: str | None
+    at: str | None
+
+
+class CheckpointListOut(BaseModel):
+    job_id: str
+    checkpoints: dict[str, CheckpointSummaryOut]
+
+
+class PromotedOutputOut(BaseModel):
+    """An output the completion promoted: the job's official object."""
+
+    generation: int
+    key: str
+    size: int
+    sha256: str
+    content_type: str
+
+
+class CompletionOut(BaseModel):
+    job_id: str
+    generation: int
+    completed_at: str | None
+    result: Any = None
+    outputs: dict[str, PromotedOutputOut]
+    replayed: bool
+
+
+class OutputRecordOut(BaseModel):
+    """An attempt-scoped output of one generation (staged, or recorded with its digest)."""
+
+    name: str
+    generation: int
+    state: str
+    key: str
+    size: int | None
+    sha256: str | None
+    content_type: str | None
+    at: str | None
+    promoted: bool
+
+
 class JobOut(BaseModel):
     job_id: str
     fence: int
@@ -130,6 +204,9 @@ class JobOut(BaseModel):
     lease_expires_at: str | None
     cancelled: bool
     effects: dict[str, EffectRecordOut]
+    completion: CompletionOut | None = None
+    checkpoints: dict[str, CheckpointSummaryOut] = Field(default_factory=dict)
+    outputs: list[OutputRecordOut] = Field(default_factory=list)
 
 
 class CancelOut(BaseModel):
@@ -177,3 +254,4 @@ class Problem(BaseModel):
     code: str
     presented: int | None = None
     current: int | None = None
+    missing: list[str] | None = None  # output_not_staged: the outputs not recorded

@@ -9,7 +9,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway import __version__
+from gateway.http.jobviews import JOB_ROUTES
 from gateway.http.models import NAME_PATTERN, Problem
+from gateway.http.outputs import OUTPUT_ROUTES
 from gateway.http.views import ROUTES
 
 __all__ = ["build_openapi"]
@@ -22,11 +24,15 @@ _STATUS_TEXT = {
     400: "Invalid request, bad token",
     401: "Missing or unknown key",
     403: "Wrong role; or refused as a browser request (Origin, Sec-Fetch-Site, Host)",
+    307: "Redirect to a signed URL of the object store",
     404: "Not found",
-    409: "Refused by the fence, in progress or outcome unknown",
+    408: "The body did not arrive in time",
+    409: "Refused by the fence (or the job completed), in progress or outcome unknown",
     413: "Body too large",
+    500: "Internal error",
+    501: "Not supported by the configured object store",
     415: "A body or Content-Type that is not application/json",
-    422: "Intent mismatch or unknown adapter",
+    422: "Intent mismatch, unknown adapter, or an output not recorded by this generation",
     424: "Downstream permanently refused",
     502: "Downstream unavailable, not delivered",
     503: "Store unavailable (or not ready)",
@@ -45,12 +51,13 @@ _QUERY = {
     "job": {"type": "string", "pattern": NAME_PATTERN},
     "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
     "cursor": {"type": "string"},
+    "generation": {"type": "integer", "minimum": 1, "maximum": 2**53 - 1},
 }
 
 
 def build_openapi() -> dict[str, Any]:
     models: set[type[BaseModel]] = {Problem}
-    for route in ROUTES:
+    for route in (*ROUTES, *JOB_ROUTES, *OUTPUT_ROUTES):
         if route.body:
             models.add(route.body)
         models.update(m for m in route.responses.values() if m)
@@ -59,7 +66,7 @@ def build_openapi() -> dict[str, Any]:
         ref_template=_REF,
     )
     paths: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
+    for route in (*ROUTES, *JOB_ROUTES, *OUTPUT_ROUTES):
         op: dict[str, Any] = {"summary": route.summary, "operationId": route.handler.__name__}
         params: list[dict[str, Any]] = [
             {
@@ -88,9 +95,14 @@ def build_openapi() -> dict[str, Any]:
         if route.roles:
             op["security"] = [{"bearer": []}]
             op["description"] = "Roles: " + ", ".join(route.roles) + " (admin has every role)."
+        if getattr(route.handler, "streams_body", False):  # an output's bytes, streamed
+            op["requestBody"] = {
+                "required": True,
+                "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+            }
         if route.body:
             op["requestBody"] = {
-                "required": route.body.__name__ != "RegisterBody",
+                "required": route.body.__name__ not in ("RegisterBody", "CompleteBody"),
                 "content": {
                     "application/json": {"schema": {"$ref": _REF.format(model=route.body.__name__)}}
                 },

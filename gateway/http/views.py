@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from gateway.core.errors import Forbidden, InvalidRequest, NotFound
 from gateway.http import appkeys as K
+from gateway.http.jobout import job_state_out
 from gateway.http.models import (
     AuditEntryOut,
     AuditPageOut,
@@ -169,6 +170,7 @@ async def get_job(request: web.Request) -> web.Response:
     view = await request.app[K.STORE].job(keys)
     if view is None:
         raise NotFound(f"no job {keys.job_id!r} is known")
+    state = await request.app[K.JOBSTATE].view(keys)  # completion, checkpoints, outputs
     out = JobOut(
         job_id=keys.job_id,
         fence=view.fence,
@@ -176,6 +178,7 @@ async def get_job(request: web.Request) -> web.Response:
         lease_expires_at=iso_ms(view.lease_expires_at_ms),
         cancelled=view.cancelled,
         effects={s: _record_out(keys.job_id, s, r) for s, r in view.effects.items()},
+        **job_state_out(keys.job_id, state),
     )
     return respond(out)
 
@@ -313,7 +316,7 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         "/v1/jobs/{job}",
         get_job,
-        "Fence, lease, cancelled flag and effects of a job",
+        "Fence, lease, cancelled flag, effects, checkpoints, outputs and completion of a job",
         roles=("scheduler", "auditor"),
         responses={200: JobOut},
         problems=(400, 401, 403, 404, 503),
@@ -322,10 +325,10 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/jobs/{job}/cancel",
         cancel_job,
-        "Cancel a job: every later call and registration is refused",
+        "Cancel a job: every later call and registration is refused (not a completed job)",
         roles=("scheduler",),
         responses={200: CancelOut},
-        problems=(400, 401, 403, 415, 503),
+        problems=(400, 401, 403, 409, 415, 503),
     ),
     Route(
         "GET",

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -62,6 +62,38 @@ class Metrics:
             ["route"],
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+        )
+        # attempt-scoped outputs (gateway.outputs, gateway.outputs_sweep)
+        self.outputs = Counter(
+            "fencegate_outputs",
+            "Output uploads through the gateway by outcome (recorded, refused, failed).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.orphans = Gauge(
+            "fencegate_output_orphans",
+            "Output objects that can never be promoted, left in the store after the last "
+            "sweep, by reason (completed, cancelled, stale, unrecorded, unknown).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.orphan_bytes = Gauge(
+            "fencegate_output_orphan_bytes",
+            "Bytes of those orphans, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.orphans_deleted = Counter(
+            "fencegate_output_orphans_deleted",
+            "Orphan output objects the sweeper deleted, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.orphan_age_seconds = Histogram(
+            "fencegate_output_orphan_age_seconds",
+            "Age of an orphan output object when the sweeper deleted it.",
+            registry=self.registry,
+            buckets=(1, 10, 60, 300, 900, 3600, 4 * 3600, 86_400, 7 * 86_400),
         )
 
         # labels() validates and locks on every call; the hot path asks for a few

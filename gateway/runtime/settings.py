@@ -32,9 +32,11 @@ __all__ = [
     "AuthKey",
     "AuthSettings",
     "BulkheadSettings",
+    "CheckpointSettings",
     "ConfigError",
     "ConnectionSettings",
     "FencingSettings",
+    "OutputSettings",
     "QuotaSettings",
     "RedisSettings",
     "ServerSettings",
@@ -195,6 +197,13 @@ class FencingSettings(_Section):
     relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
+class CheckpointSettings(_Section):
+    """A job's checkpoints (``[checkpoints]``)."""
+
+    # The largest checkpoint value (its JSON body, bytes); a larger one is refused with 413.
+    max_bytes: Annotated[int, Field(ge=16, le=16 * 1024 * 1024)] = 65_536
+
+
 class ConnectionSettings(_Section):
     """Connection hygiene of the HTTP server (``[connections]``)."""
 
@@ -285,6 +294,43 @@ class AuditSettings(_Section):
     anchor_file: str = ""
 
 
+class OutputSettings(_Section):
+    """Attempt-scoped job outputs in an object store (``[outputs]``, docs/outputs.md)."""
+
+    # "file": a directory on this machine (default: <redis.data_dir>-outputs, beside the
+    # embedded Redis's data); "s3": a bucket of any S3-compatible service.
+    store: Literal["file", "s3"] = "file"
+    path: str = ""  # file store: the directory; empty: the sibling of redis.data_dir
+    bucket: str = ""  # s3
+    prefix: str = ""  # every key is <prefix><tenant>/<job>/g<generation>/<name>
+    endpoint: str = ""  # s3: empty for AWS itself; http(s)://host:port for others
+    region: str = "us-east-1"
+    # s3 credentials: the names of the environment variables that hold them (never the
+    # values); both empty: the ambient AWS credential chain of the process.
+    access_key_id_env: str = ""
+    secret_access_key_env: str = ""
+    session_token_env: str = ""
+    allow_http: bool = False  # s3: a plain-HTTP endpoint (a loopback test server)
+    # One output's size bound: a larger body is refused with 413 while it streams.
+    max_bytes: Annotated[int, Field(ge=1, le=5 * 1024**4)] = 1024**3
+    # How long one upload through the gateway may take (the stage decision's deadline);
+    # a presigned upload URL is valid this long.
+    upload_timeout_seconds: Annotated[float, Field(gt=0, le=7 * 86_400)] = 3600.0
+    # Reads of a promoted output (S3): redirect to a signed GET URL instead of streaming.
+    redirect_reads: bool = False
+    # An orphan is deleted by the sweeper once it is older than this.
+    orphan_grace_seconds: Annotated[float, Field(ge=0, le=365 * 86_400)] = 3600.0
+    # How often each gateway sweeps (0: never; `fencegate outputs sweep` runs it once).
+    sweep_interval_seconds: Annotated[float, Field(ge=0, le=86_400)] = 300.0
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if v and (not v.endswith("/") or v.startswith("/") or ".." in v.split("/")):
+            raise ValueError("prefix must be relative, end with '/' and have no '..' segment")
+        return v
+
+
 class Settings(BaseSettings):
     """The whole configuration, frozen once built."""
 
@@ -303,6 +349,8 @@ class Settings(BaseSettings):
     connections: ConnectionSettings = ConnectionSettings()
     bulkheads: BulkheadSettings = BulkheadSettings()
     quotas: QuotaSettings = QuotaSettings()
+    checkpoints: CheckpointSettings = CheckpointSettings()
+    outputs: OutputSettings = OutputSettings()
     # Each adapter section is validated by its own type's model (adapters.registry).
     adapters: dict[str, dict[str, Any]] = {}
 

@@ -11,6 +11,13 @@ so the tag is unambiguous.
 ``fg:{t/j}:steps``      set of the job's step names (for the job view). TTL = retention.
 ``fg:{t/j}:audit``      stream: the job's rejections, written atomically by the
                         deciding script. TTL = retention.
+``fg:{t/j}:ckpt``       hash: the job's checkpoints, ``<name>`` → JSON ``{generation,
+                        value, worker, at_ms}``. TTL = retention.
+``fg:{t/j}:outputs``    hash: the job's attempt-scoped outputs, ``<generation>/<name>`` →
+                        JSON ``{state: staged|recorded, key, size, sha256, content_type,
+                        staged_ms, recorded_ms, presigned}`` (written by
+                        gateway.fencing.outputs; no TTL). The job hash's ``completed``
+                        field holds the promoted ones.
 ``fg:audit:<t>``        stream: the tenant-wide audit feed (a copy of each entry,
                         appended right after the deciding script), trimmed by age.
 ``fg:marker``           the durability marker written by ``fencegate init``.
@@ -138,6 +145,14 @@ class JobKeys:
     @property
     def audit(self) -> str:
         return f"fg:{self.tag}:audit"
+
+    @property
+    def ckpt(self) -> str:
+        return f"fg:{self.tag}:ckpt"
+
+    @property
+    def outputs(self) -> str:
+        return f"fg:{self.tag}:outputs"
 
     def effect(self, step: str) -> str:
         return f"fg:{self.tag}:fx:{step}"

@@ -37,6 +37,11 @@ SCRIPT_NAMES = (
     "resolve-4",
     "relay-4",
     "void-3",
+    "checkpoint-3",
+    "complete-3",
+    # attempt-scoped outputs (gateway.fencing.outputs)
+    "output-stage-3",
+    "output-record-3",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = (

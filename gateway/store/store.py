@@ -18,6 +18,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.core.errors import (
@@ -28,6 +29,7 @@ from gateway.core.errors import (
     GenerationRegression,
     IntentMismatch,
     JobCancelled,
+    JobCompleted,
     LeaseExpired,
     NotFound,
     StaleGeneration,
@@ -82,6 +84,7 @@ _REJECTIONS: dict[str, type[FencegateError]] = {
         GenerationRegression,
         GenerationExhausted,
         IntentMismatch,
+        JobCompleted,
     )
 }
 
@@ -94,11 +97,25 @@ _DETAILS = {
     "generation_exhausted": "the job's fence {c} is the largest generation; nothing to allocate",
     "intent_mismatch": "this step is pinned to a different adapter, operation or payload",
     "bad_token": "the fencing token is not valid",
+    "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
 
 
 class Store(RelayQueue, StoreReads):
     """Fences, effects and audit entries in Redis; every decision is one Lua script."""
+
+    async def script(
+        self, name: str, job: JobKeys, keys: Sequence[str], args: Sequence[str]
+    ) -> list[Any]:
+        """Run one of ``SCRIPT_NAMES`` for a service above the store (gateway.fencing.outputs),
+        through the same prelude, trailer and failure handling as the store's own calls."""
+        return await self._run(name, job, keys, args)
+
+    async def rejected(
+        self, keys: JobKeys, reply: list[Any], *, step: str = "", worker_id: str = ""
+    ) -> FencegateError:
+        """The typed error of a script's ``{9, …}`` reply (copied to the tenant's feed)."""
+        return await self._rejected(keys, reply, step=step, worker_id=worker_id)
 
     # -- decisions -----------------------------------------------------------
     async def _rejected(
@@ -233,8 +250,15 @@ class Store(RelayQueue, StoreReads):
         return record
 
     async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
-        """Cancel the job; returns (fence, was_already_cancelled)."""
+        """Cancel the job; returns (fence, was_already_cancelled). A completed job is not
+        cancelled (:class:`JobCompleted`, not audited: the scheduler's call, not a worker's)."""
         reply = await self._run("cancel-1", keys, (keys.job,), ())
+        if int(reply[0]) == 2:
+            raise JobCompleted(
+                "the job completed; a completed job is not cancelled",
+                presented=None,
+                current=int(reply[1]),
+            )
         return int(reply[1]), int(reply[0]) == 1
 
     async def admit(

@@ -36,6 +36,7 @@ def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
         "L1 raw EVALSHA admit",
         "L1 raw EVALSHA record",
         "L1 admit at 1 connection",
+        "L1 raw EVALSHA checkpoint",
         "L2 bare aiohttp JSON server",
         "L2 at 1 connection",
         "L3 aiohttp low-level echo",
@@ -44,8 +45,11 @@ def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
         "L4 minimal replay, low-level server",
         "L5 minimal replay, raw asyncio protocol",
         "G4 heartbeat",
+        "G5 checkpoint write",
         "G3 effect, stale 409",
         "G1 at 1 connection",
+        "O1 output 1 MiB upload + completion",
+        "L6 bare aiohttp 1 MiB PUT to a file + JSON POST",
         "G1 effect, accepted (--workers 2)",
     ]
     for name, r in rows.items():
@@ -58,6 +62,8 @@ def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
         "G1/L2, G2/L2, G3/L2",
         "G2/L4 (the gateway's replay over the stripped one), L4/L2, L5/L2",
         "G1 p99/p50 at saturation",
+        "G5/L1 (a fenced checkpoint end to end over its raw EVALSHA), G5/L2",
+        "O1/L6 (1 MiB output upload + completion over the bare aiohttp file write)",
         "gateway latency minus a direct upstream call, 1 connection, p50 / p99 (ms)",
     }
     assert all(float(x) > 0 for x in record["derived"]["G1/L2, G2/L2, G3/L2"].split(", "))

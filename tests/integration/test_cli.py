@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from gateway.cli.demo import Sinks, _report
 from tests.conftest import Gateway
@@ -24,7 +25,17 @@ def test_demo_runs_the_seed_timeline_and_every_invariant_holds() -> None:
     assert ["B", "2", "0", "completed", "(rows=1)"] in lines
     assert ["r:notify", "1"] in lines and ["r:crm", "1"] in lines
     assert "stale_generation   step=notify presented=1 current=2 worker=A" in text
-    assert text.count("[ok]") == 7 and "FAILED" not in text
+    assert "worker B: resumed from_generation=1 stage=rendered" in text
+    assert "worker A: gateway_completion_refused code=stale_generation presented=1 current=2" in (
+        text
+    )
+    assert "stale_generation   step=job:complete presented=1 current=2 worker=A" in text
+    assert (
+        "official report.txt: 'Order 1234 shipping report, rendered by worker B (generation 2)'"
+        in (text)
+    )
+    assert "orphan   report.txt: default/r/g1/report.txt (generation 1)" in text
+    assert text.count("[ok]") == 14 and "FAILED" not in text
 
 
 def test_demo_report_fails_on_a_duplicate(tmp_path: Path) -> None:
@@ -108,3 +119,31 @@ async def test_audit_follow_prints_new_rejections(gw: Gateway) -> None:
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_job_command_shows_checkpoints_staged_and_promoted_outputs(
+    gw: Gateway, redis_sync: Any
+) -> None:
+    from tests.integration.test_completion import complete, put_checkpoint, record_output
+
+    url = str(gw.client.make_url("")).rstrip("/")
+    await gw.register("r", generation=1)
+    record_output(redis_sync, 1, "report.pdf", b"A's draft")
+    await gw.register("r", generation=2)
+    assert (await put_checkpoint(gw, "progress", {"page": 7}, 2, worker="B")).status == 200
+    record_output(redis_sync, 2, "report.pdf", b"B's report")
+    assert (await complete(gw, 2, result={"pages": 7}, outputs=["report.pdf"])).status == 200
+    code, out, _ = await run_cli("job", "r", "--url", url)
+    assert code == 0, out
+    assert "completed by generation 2 at 20" in out and 'result: {"pages":7}' in out
+    lines = out.splitlines()
+    promoted = lines[lines.index("promoted outputs:") + 3].split()
+    assert promoted[:3] == ["report.pdf", "2", "10"] and promoted[-1] == "default/r/g2/report.pdf"
+    ckpt = lines[lines.index("checkpoints:") + 3].split()
+    assert ckpt[:3] == ["progress", "2", "B"]
+    start = lines.index("staged outputs (attempt-scoped):") + 3
+    staged = [line.split() for line in lines[start : start + 2]]
+    assert [row[:4] for row in staged] == [
+        ["report.pdf", "1", "recorded", "orphan"],
+        ["report.pdf", "2", "recorded", "promoted"],
+    ]

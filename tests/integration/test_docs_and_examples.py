@@ -102,6 +102,10 @@ async def test_sdk_worker_example(gw: Gateway, upstream: Upstream, tmp_path: Pat
             ("order-1", 1, "succeeded"),
             ("order-2", 1, "succeeded"),
         ]
+    for job in ("order-1", "order-2"):  # completed in the gateway too, by attempt 1
+        view = await (await gw.client.get(f"/v1/jobs/{job}")).json()
+        assert view["completion"]["generation"] == 1
+        assert view["checkpoints"]["progress"]["generation"] == 1
 
 
 async def test_curl_flow_example(gw: Gateway, upstream: Upstream, tmp_path: Path) -> None:

@@ -6,9 +6,12 @@ import json
 import re
 from typing import Any
 
+from gateway.http.jobviews import JOB_ROUTES
 from gateway.http.models import Problem
-from gateway.http.views import ROUTES
+from gateway.http.views import ROUTES as CORE_ROUTES
 from tests.conftest import Gateway
+
+ROUTES = (*CORE_ROUTES, *JOB_ROUTES)
 
 
 def refs(node: Any) -> list[str]:
@@ -62,6 +65,14 @@ async def test_responses_match_their_declared_models(gw: Gateway) -> None:
             {"Fencing-Token": "1"},
         ),
         ("GET", "/v1/jobs/r/effects/s", None, {}),
+        ("PUT", "/v1/jobs/r/checkpoints/c", {"n": 1}, {"Fencing-Token": "2"}),
+        ("PUT", "/v1/jobs/r/checkpoints/c", {"n": 0}, {"Fencing-Token": "1"}),
+        ("GET", "/v1/jobs/r/checkpoints/c", None, {}),
+        ("GET", "/v1/jobs/r/checkpoints/none", None, {}),
+        ("GET", "/v1/jobs/r/checkpoints", None, {}),
+        ("POST", "/v1/jobs/r/complete", {"outputs": ["x"]}, {"Fencing-Token": "2"}),
+        ("POST", "/v1/jobs/r/complete", {"result": {"ok": 1}}, {"Fencing-Token": "2"}),
+        ("POST", "/v1/jobs/r/complete", {"result": {"ok": 1}}, {"Fencing-Token": "2"}),
         ("GET", "/v1/jobs/r", None, {}),
         ("GET", "/v1/audit/rejections", None, {}),
         ("POST", "/v1/jobs/r/cancel", None, {}),

@@ -28,7 +28,7 @@ def test_no_module_passes_the_size_bound() -> None:
 
 def test_every_layer_is_a_package_named_for_what_it_holds() -> None:
     layers = {p.name for p in (ROOT / "gateway").iterdir() if (p / "__init__.py").exists()}
-    assert {"cli", "http", "fencing", "store", "runtime", "core", "client"} <= layers
+    assert {"cli", "http", "fencing", "store", "objects", "runtime", "core", "client"} <= layers
     flat = {p.name for p in (ROOT / "gateway").glob("*.py")}
     assert flat == {"__init__.py", "__main__.py", "downstream.py"}, flat
 

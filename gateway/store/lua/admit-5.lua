@@ -34,6 +34,11 @@
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
     {10}                     voided: the gateway gave this request up before it ran
 
+  A completed job (field 'completed' of the job hash, see complete-3.lua) takes no new
+  dispatch from any generation: a call that would pin, queue or claim the step is
+  rejected 'job_completed' (audited); a recorded outcome still replays, a step in flight
+  still answers where it is. No generation is raised after a completion.
+
   A pending step queued by an older generation was never claimed, so nothing was
   sent: the current generation supersedes it (audited as 'superseded') and pins
   its own intent. The stored async payload always belongs to the pinned intent
@@ -61,7 +66,12 @@ end
 
 if job[2] == '1' then return reject('job_cancelled') end
 if gen < fence then return reject('stale_generation') end
+-- read only on the paths that would dispatch (or raise the fence): not on a replay
+local function completed()
+  return redis.call('HEXISTS', KEYS[1], 'completed') == 1
+end
 if gen > fence then
+  if completed() then return reject('job_completed') end
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   -- implicit mode: classic highest-seen fencing; a new generation has no lease
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
@@ -85,6 +95,7 @@ local function touch()
 end
 
 local function claim(resolving)
+  if completed() then return reject('job_completed') end
   local deadline = now + tonumber(ARGV[7])
   redis.call('HSET', KEYS[2], 'state', 'dispatching', 'intent_sha256', ARGV[3],
     'adapter', ARGV[4], 'operation', ARGV[5], 'dispatch_id', ARGV[6],
@@ -104,6 +115,7 @@ local function claim(resolving)
 end
 
 local function enqueue()
+  if completed() then return reject('job_completed') end
   redis.call('HSET', KEYS[2], 'state', 'pending', 'intent_sha256', ARGV[3], 'adapter', ARGV[4],
     'operation', ARGV[5], 'payload', ARGV[14], 'payload_sha', ARGV[3], 'relay', '1',
     'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[12])
@@ -119,6 +131,7 @@ local function pin()
 end
 
 if not state then
+  if completed() then return reject('job_completed') end
   redis.call('HSET', KEYS[2], 'created_at', fmt(now))
   return pin()
 end
@@ -126,6 +139,7 @@ end
 if state == 'released' then return pin() end
 
 if state == 'pending' and (tonumber(fx[5]) or 0) < gen then
+  if completed() then return reject('job_completed') end
   -- queued by an older generation and never claimed: nothing was sent. Supersede it.
   superseded = audit(KEYS[3], KEYS[1], ARGV[8], now, {
     'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', 'superseded',

@@ -12,6 +12,8 @@
   Output:
     {0, fence, lease_exp_ms}   current; lease extended by its lease_ms ('0': no lease)
     {9, reason, presented, current, audit_id, ''}   rejected and audited
+      (job_cancelled, stale_generation, job_completed, unregistered_generation,
+       lease_expired)
 ]]
 local gen = tonumber(ARGV[1])
 local now = now_ms()
@@ -27,6 +29,8 @@ end
 
 if job[2] == '1' then return reject('job_cancelled') end
 if gen < fence then return reject('stale_generation') end
+-- a completed job needs no lease: the worker is told to stop, like a stale one
+if redis.call('HEXISTS', KEYS[1], 'completed') == 1 then return reject('job_completed') end
 if gen > fence then
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0', 'lease_ms', '')

@@ -13,6 +13,7 @@
     {0, generation, lease_exp_ms}   registered (lease_exp_ms '0' when no lease)
     {1, generation, lease_exp_ms}   that generation was already current (idempotent retry)
     {9, reason, presented, current, audit_id, ''}   rejected and audited
+      (job_cancelled, job_completed, generation_exhausted, generation_regression)
 ]]
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
@@ -27,6 +28,8 @@ local function reject(reason)
 end
 
 if job[2] == '1' then return reject('job_cancelled') end
+-- a completed job is over: no generation, not even the current one again
+if redis.call('HEXISTS', KEYS[1], 'completed') == 1 then return reject('job_completed') end
 
 local gen
 if presented == '' then

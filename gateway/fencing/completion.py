@@ -1,0 +1,116 @@
+"""The fenced completion of a job, and its checkpoints. No HTTP here.
+
+A completion is one Lua script (``complete-3``, :mod:`gateway.store.jobstate`): cancel, fence,
+lease, "not completed yet" and "every named output recorded by this generation" are
+checked and the job is marked completed by that generation — its outputs promoted — in
+one atomic step. The zombie's completion matches nothing and changes nothing.
+
+Before the script, outputs uploaded straight to the object store through a pre-signed
+URL are recorded (the object store is asked whether the object is there, then the
+fenced record script runs: :class:`OutputRecorder`). That step decides nothing: the
+completion script re-checks every condition itself, so a recorder that refuses (the
+fence moved) only leaves the verdict to the script, which audits it.
+
+The reply of a completion may be lost on the wire. The store's client re-sends a call on
+a reset connection with the same request id, and a call that timed out is sent once more
+with the same id (the prelude answers what the first one answered, or runs it now): a
+completion is decided once, whatever the wire did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gateway.core.errors import InvalidRequest, Rejection, StoreUnavailable
+from gateway.runtime.settings import NAME_RE
+from gateway.store.jobstate import Completion, JobState, canonical_json
+from gateway.store.keys import JobKeys
+from gateway.store.scripts import new_request_id
+
+__all__ = ["MAX_OUTPUTS", "CompletionService", "OutputRecorder", "body_sha"]
+
+MAX_OUTPUTS = 256  # names in one completion
+
+
+class OutputRecorder(Protocol):
+    """What the object-store side provides: record the outputs of ``generation`` that were
+    uploaded by a pre-signed URL and not recorded yet (HEAD, then the fenced record)."""
+
+    async def ensure_recorded(
+        self, tenant: str, job: str, generation: int, names: Sequence[str]
+    ) -> object: ...
+
+
+def body_sha(outputs: Sequence[str], result: Any) -> str:
+    """The completion's identity: sha256 of its canonical body (outputs as a set)."""
+    canonical = canonical_json({"outputs": sorted(outputs), "result": result})
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_output_names(outputs: Sequence[str]) -> None:
+    if len(outputs) > MAX_OUTPUTS:
+        raise InvalidRequest(f"a completion names at most {MAX_OUTPUTS} outputs")
+    for name in outputs:
+        if not NAME_RE.fullmatch(name):
+            raise InvalidRequest(
+                f"output name {name!r} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$"
+            )
+    if len(set(outputs)) != len(outputs):
+        raise InvalidRequest("each output is named once")
+
+
+class CompletionService:
+    """Completes jobs under the fence; see the module docstring."""
+
+    def __init__(self, state: JobState, recorder: OutputRecorder | None = None) -> None:
+        self._state = state
+        self.recorder = recorder  # None: no object store configured
+
+    async def complete(
+        self,
+        keys: JobKeys,
+        *,
+        generation: int,
+        outputs: Sequence[str],
+        result: Any,
+        worker_id: str | None,
+    ) -> Completion:
+        check_output_names(outputs)
+        sha = body_sha(outputs, result)
+        if outputs and self.recorder is not None:
+            # the fence moved, or the job completed: the script says so, audited
+            with contextlib.suppress(Rejection):
+                await self.recorder.ensure_recorded(keys.tenant, keys.job_id, generation, outputs)
+        request_id = new_request_id()
+        result_json = canonical_json(result)
+
+        async def once() -> Completion:
+            return await self._state.complete(
+                keys,
+                generation=generation,
+                result_json=result_json,
+                outputs=list(outputs),
+                body_sha=sha,
+                worker_id=worker_id,
+                request_id=request_id,
+            )
+
+        try:
+            return await once()
+        except StoreUnavailable as exc:
+            if not exc.maybe_applied:
+                raise
+            failure = exc
+        # sent, not answered: it may have run. Once more with the same request id.
+        await asyncio.sleep(0.05)
+        try:
+            return await once()
+        except StoreUnavailable:
+            raise StoreUnavailable(
+                "Redis did not answer the completion; it may have been recorded. Send the "
+                "same completion again (it is safe): it replays if it was."
+            ) from failure

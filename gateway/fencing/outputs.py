@@ -1,0 +1,362 @@
+"""Attempt-scoped job outputs under the fence (issue 16): stage, stream, record, read.
+
+A worker's output goes to ``<tenant>/<job>/g<generation>/<name>`` in the object store
+(:mod:`gateway.objects`), a key no other generation ever writes. Fencing happens on both
+sides of the write:
+
+1. **stage** (``output-stage-3.lua``): cancelled, completed, fence, lease — before any
+   byte goes out. A stale generation is refused (409, audited with both generations) and
+   the store never sees a byte of it.
+2. the body streams to the store, hashed on the way (sha256), bounded by
+   ``outputs.max_bytes`` (413 as soon as it is passed, never buffered whole), cut at the
+   stage's deadline. A failed or cut upload leaves no object (``obstore`` abandons it).
+3. **record** (``output-record-3.lua``): the fence again. If it moved while the bytes
+   streamed, the record is refused (audited) and the object is an orphan: never
+   promoted, deleted by the sweeper (:mod:`gateway.fencing.outputs_sweep`).
+
+Completion (the ``completed`` field of the job hash, written by the completion script)
+promotes one generation's recorded outputs; :meth:`OutputService.open_promoted` serves
+exactly those, checked against the recorded etag (a replaced object is refused).
+
+For the completion service (the signature the ``completion`` branch codes against)::
+
+    async def OutputService.ensure_recorded(
+        tenant: str, job: str, generation: int, names: Sequence[str]
+    ) -> list[str]
+
+records the outputs of ``generation`` that were staged through a pre-signed URL and are
+not recorded yet: it reads each object once (size, sha256, content type from the store's
+metadata; the sha256 needs the read), then runs the fenced record. It returns the names
+it recorded now; a missing object, an output that is not presigned-staged, or a record
+the fence refuses is left alone (the completion script decides and audits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import structlog
+from redis.exceptions import RedisError
+
+from gateway.core.errors import (
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    ObjectStoreUnavailable,
+    OutputInProgress,
+    PayloadTooLarge,
+    RequestTimeout,
+    StoreUnavailable,
+    UploadUrlUnsupported,
+)
+from gateway.fencing.output_entry import OutputEntry
+from gateway.objects import ObjectStore, ObjectStoreError, PreconditionFailed, output_key
+from gateway.runtime.settings import OutputSettings
+from gateway.store.keys import JobKeys
+from gateway.store.store import Store
+
+__all__ = ["OutputEntry", "OutputService"]
+
+log = structlog.get_logger("fencegate.outputs")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _LengthMismatch(Exception):
+    pass
+
+
+async def _redis(call: Any) -> Any:
+    try:
+        return await call
+    except (RedisError, OSError) as exc:
+        raise StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}") from exc
+
+
+class OutputService:
+    """The fenced outputs of jobs: one per app, shared by the views, completion and CLI."""
+
+    def __init__(
+        self,
+        store: Store,
+        objects: ObjectStore,
+        settings: OutputSettings,
+        *,
+        registration: str,
+        retention_seconds: int,
+        crash_hook: Callable[[str], None] | None = None,
+    ) -> None:
+        self._crash = crash_hook or (lambda point: None)  # chaos tests: SIGKILL at a point
+        self.store = store
+        self.objects = objects
+        self.settings = settings
+        self._registration = registration
+        self._retention = str(retention_seconds)
+
+    # -- the fenced scripts -------------------------------------------------------
+
+    async def _stage(
+        self,
+        keys: JobKeys,
+        gen: int,
+        name: str,
+        worker_id: str,
+        *,
+        presigned: bool,
+        content_type: str,
+        seconds: float,
+    ) -> tuple[str, str, int]:
+        """The stage decision; ``(upload id, key, deadline ms)`` or the typed refusal."""
+        key = output_key(keys.tenant, keys.job_id, gen, name)
+        upload = secrets.token_hex(8)
+        reply = await self.store.script(
+            "output-stage-3",
+            keys,
+            (keys.job, keys.outputs, keys.audit),
+            (str(gen), self._registration, name, key, upload, str(int(seconds * 1000)),
+             "1" if presigned else "0", keys.job_id, keys.tenant, worker_id, self._retention,
+             content_type),
+        )  # fmt: skip
+        code = int(reply[0])
+        if code == 9:
+            raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
+        if code == 2:
+            retry = max(1, -(-int(reply[1]) // 1000))
+            raise OutputInProgress(
+                f"an upload of {name!r} by generation {gen} is still running",
+                retry_after=retry,
+            )
+        return upload, key, int(reply[2])
+
+    async def _record(
+        self, keys: JobKeys, gen: int, name: str, upload: str, worker_id: str, *,
+        size: int = 0, sha256: str = "", content_type: str = "", etag: str = "",
+        abandon: bool = False,
+    ) -> OutputEntry | None:  # fmt: skip
+        """The record (or, ``abandon``, the end of a failed upload's claim). None: lost."""
+        reply = await self.store.script(
+            "output-record-3",
+            keys,
+            (keys.job, keys.outputs, keys.audit),
+            (str(gen), name, upload, str(size), sha256, content_type, etag, keys.job_id,
+             keys.tenant, worker_id, self._retention, "abandon" if abandon else "record"),
+        )  # fmt: skip
+        code = int(reply[0])
+        if code == 9:
+            raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
+        if code == 1:
+            return None
+        return OutputEntry.parse(f"{gen}/{name}", str(reply[1]))
+
+    async def _abandon(self, keys: JobKeys, gen: int, name: str, upload: str) -> None:
+        """Best effort: a failed upload frees its claim at once, not at its deadline."""
+        try:
+            await asyncio.shield(self._record(keys, gen, name, upload, "", abandon=True))
+        except Exception as exc:  # the claim still ends at its deadline
+            log.warning("output_abandon_failed", job_id=keys.job_id, name=name, error=str(exc))
+
+    # -- writes --------------------------------------------------------------------
+
+    async def put(
+        self,
+        keys: JobKeys,
+        gen: int,
+        name: str,
+        body: AsyncIterator[bytes],
+        *,
+        content_type: str,
+        content_length: int | None,
+        worker_id: str = "",
+    ) -> OutputEntry:
+        """Stage, stream ``body`` to the attempt-scoped key (hashing it), record."""
+        limit = self.settings.max_bytes
+        if content_length is not None and content_length > limit:
+            raise PayloadTooLarge(f"an output may be at most {limit} bytes")
+        upload, key, _ = await self._stage(
+            keys, gen, name, worker_id, presigned=False, content_type=content_type,
+            seconds=self.settings.upload_timeout_seconds,
+        )  # fmt: skip
+        digest = hashlib.sha256()
+        total = 0
+
+        async def hashed() -> AsyncIterator[bytes]:
+            nonlocal total
+            async for chunk in body:
+                total += len(chunk)
+                if total > limit:
+                    raise _TooLarge
+                digest.update(chunk)
+                yield chunk
+            if content_length is not None and total != content_length:
+                raise _LengthMismatch
+
+        try:
+            async with asyncio.timeout(self.settings.upload_timeout_seconds):
+                info = await self.objects.put_stream(key, hashed(), content_type)
+        except BaseException as exc:
+            await self._abandon(keys, gen, name, upload)
+            if isinstance(exc, _TooLarge):
+                raise PayloadTooLarge(f"an output may be at most {limit} bytes") from None
+            if isinstance(exc, _LengthMismatch):
+                raise InvalidRequest(
+                    f"the body had {total} bytes, Content-Length said {content_length}"
+                ) from None
+            if isinstance(exc, TimeoutError):
+                raise RequestTimeout("the upload did not finish before its deadline") from None
+            if isinstance(exc, ObjectStoreError):
+                raise ObjectStoreUnavailable(str(exc)) from exc
+            raise
+        self._crash("after_output_write")  # the object is written, not recorded
+        entry = await self._record(
+            keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
+            content_type=content_type, etag=info.etag,
+        )  # fmt: skip
+        if entry is None:
+            raise OutputInProgress(
+                f"a later upload of {name!r} by generation {gen} replaced this one"
+            )
+        return entry
+
+    async def upload_url(
+        self, keys: JobKeys, gen: int, name: str, *, content_type: str, worker_id: str = ""
+    ) -> tuple[str, str, int]:
+        """The same stage decision, then a pre-signed PUT URL: ``(url, key, expires ms)``."""
+        if not self.objects.can_sign:
+            raise UploadUrlUnsupported(
+                f"the {self.objects.kind!r} object store cannot sign URLs: upload with "
+                "PUT /v1/jobs/{job}/outputs/{name} through the gateway instead"
+            )
+        seconds = min(self.settings.upload_timeout_seconds, 7 * 86_400)
+        _, key, deadline = await self._stage(
+            keys, gen, name, worker_id, presigned=True, content_type=content_type,
+            seconds=seconds,
+        )  # fmt: skip
+        try:
+            url = await self.objects.sign("PUT", key, seconds)
+        except ObjectStoreError as exc:
+            raise ObjectStoreUnavailable(str(exc)) from exc
+        return url, key, deadline
+
+    async def ensure_recorded(
+        self, tenant: str, job: str, generation: int, names: Sequence[str]
+    ) -> list[str]:
+        """Record the presigned uploads of ``generation`` among ``names`` (module docstring)."""
+        keys = JobKeys(tenant, job)
+        fence, cancelled, completed = await _redis(
+            self.store.client.hmget(keys.job, "fence", "cancelled", "completed")
+        )
+        if cancelled or completed or fence is None or int(fence) != generation:
+            return []  # the completion script refuses it (and audits) by itself
+        done: list[str] = []
+        for name in names:
+            entry = await self.entry(keys, generation, name)
+            if entry is None or entry.state != "staged" or not entry.presigned:
+                continue
+            try:
+                opened = await self.objects.open(entry.key)
+                if opened is None:
+                    continue
+                info, ctype, chunks = opened
+                digest, size = hashlib.sha256(), 0
+                async for chunk in chunks:
+                    digest.update(chunk)
+                    size += len(chunk)
+            except ObjectStoreError as exc:
+                raise ObjectStoreUnavailable(str(exc)) from exc
+            try:
+                recorded = await self._record(
+                    keys, generation, name, entry.upload, entry.worker_id, size=size,
+                    sha256=digest.hexdigest(), content_type=ctype or entry.content_type,
+                    etag=info.etag,
+                )  # fmt: skip
+            except (StoreUnavailable, InternalError):
+                raise
+            except Exception as exc:  # refused by the fence: completion decides
+                log.info("output_record_refused", job_id=job, name=name, reason=str(exc))
+                continue
+            if recorded is not None:
+                done.append(name)
+        return done
+
+    # -- reads ---------------------------------------------------------------------
+
+    async def entries(self, keys: JobKeys) -> list[OutputEntry]:
+        raw: dict[str, str] = await _redis(self.store.client.hgetall(keys.outputs))
+        return sorted(
+            (OutputEntry.parse(_s(f), _s(v)) for f, v in raw.items()),
+            key=lambda e: (e.generation, e.name),
+        )
+
+    async def entry(self, keys: JobKeys, gen: int, name: str) -> OutputEntry | None:
+        raw = await _redis(self.store.client.hget(keys.outputs, f"{gen}/{name}"))
+        return None if raw is None else OutputEntry.parse(f"{gen}/{name}", _s(raw))
+
+    async def completion(self, keys: JobKeys) -> dict[str, Any] | None:
+        raw = await _redis(self.store.client.hget(keys.job, "completed"))
+        return None if raw is None else dict(json.loads(raw))
+
+    async def promoted(self, keys: JobKeys, name: str) -> OutputEntry:
+        """The record of the promoted output ``name``; 404 before completion."""
+        done = await self.completion(keys)
+        if done is None:
+            raise NotFound(f"job {keys.job_id!r} is not completed: no output is promoted yet")
+        promoted = (done.get("outputs") or {}).get(name)
+        if promoted is None:
+            raise NotFound(f"the completion of job {keys.job_id!r} promoted no output {name!r}")
+        entry = await self.entry(keys, int(promoted["generation"]), name)
+        if (
+            entry is None
+            or entry.key != promoted.get("key")
+            or entry.sha256 != promoted.get("sha256")
+        ):
+            raise InternalError(f"output {name!r} is promoted but its record does not match")
+        return entry
+
+    async def open_promoted(
+        self, keys: JobKeys, name: str
+    ) -> tuple[OutputEntry, AsyncIterator[bytes]]:
+        """The promoted object of ``name`` and its bytes, checked against the recorded etag
+        (an object replaced behind the gateway's back is refused, never served)."""
+        entry = await self.promoted(keys, name)
+        return entry, await self._open(entry, if_match=entry.etag)
+
+    async def open_staged(
+        self, keys: JobKeys, gen: int, name: str
+    ) -> tuple[OutputEntry, AsyncIterator[bytes]]:
+        """Any generation's staged or recorded object (auditors investigating a zombie)."""
+        entry = await self.entry(keys, gen, name)
+        if entry is None:
+            raise NotFound(f"generation {gen} staged no output {name!r}")
+        return entry, await self._open(entry, if_match="")
+
+    async def _open(self, entry: OutputEntry, *, if_match: str) -> AsyncIterator[bytes]:
+        try:
+            opened = await self.objects.open(entry.key, if_match=if_match)
+        except PreconditionFailed as exc:
+            log.error("output_replaced", key=entry.key, detail=str(exc))
+            raise InternalError(
+                "the object of this output was replaced in the store after it was recorded "
+                "(its etag differs): refusing to serve it"
+            ) from exc
+        except ObjectStoreError as exc:
+            raise ObjectStoreUnavailable(str(exc)) from exc
+        if opened is None:
+            raise NotFound(f"the object of output {entry.name!r} is not in the store (swept?)")
+        return opened[2]
+
+    async def read_url(self, entry: OutputEntry, seconds: float) -> str:
+        try:
+            return await self.objects.sign("GET", entry.key, seconds)
+        except ObjectStoreError as exc:
+            raise ObjectStoreUnavailable(str(exc)) from exc
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

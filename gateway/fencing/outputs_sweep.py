@@ -1,0 +1,214 @@
+"""The orphan sweeper: deletes output objects that can never be promoted, counts the rest.
+
+It lists the object store (every key ``<tenant>/<job>/g<gen>/<name>`` under the prefix),
+reads each job's fence, cancel flag, completion and outputs hash from Redis, and gives
+every object one class:
+
+==============  ==================================================  ============
+reason          the object                                          deleted?
+==============  ==================================================  ============
+(kept)          the promoted output of a completed job; a recorded  never
+                or in-flight output of the current generation
+``completed``   of a completed job, not the promoted one            after grace
+``cancelled``   of a cancelled job                                  after grace
+``stale``       of a generation below the fence                     after grace
+``unrecorded``  of the current generation, staged and never         counted only
+                recorded (a crash between write and record)
+``unknown``     Redis knows no fence for its job or generation      counted only
+==============  ==================================================  ============
+
+Only the first three classes are deleted, and they are terminal: a completion, a
+cancellation and a fence never go back (a Redis that lost data fails closed: a missing
+durability marker stops the sweep), so once an object is in one of them no later
+decision can make it promotable. That is why several gateways may sweep at the same
+time without a lease: each deletes only what every one of them would delete, deletes are
+idempotent, and an object written after the listing is simply found by the next sweep.
+``unrecorded`` objects are not deleted while their generation is current, because that
+generation may retry and write the same key right now; the moment the fence moves past
+it or the job completes or is cancelled, they fall into a deletable class. ``unknown``
+ones are left for an operator (docs/outputs.md). Every orphan is either deleted or
+counted in ``fencegate_output_orphans``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from redis.exceptions import RedisError
+
+from gateway.core.errors import StoreUnavailable
+from gateway.fencing.output_entry import OutputEntry
+from gateway.fencing.outputs import OutputService
+from gateway.objects import ObjectInfo, ObjectStoreError, parse_output_key
+from gateway.runtime.metrics import Metrics
+from gateway.store.keys import MARKER, JobKeys
+
+__all__ = ["DELETED_REASONS", "REASONS", "Orphan", "SweepReport", "sweep"]
+
+log = structlog.get_logger("fencegate.outputs.sweep")
+
+REASONS = ("completed", "cancelled", "stale", "unrecorded", "unknown")
+DELETED_REASONS = frozenset({"completed", "cancelled", "stale"})
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    key: str
+    reason: str
+    size: int
+    age_seconds: float
+    deletable: bool  # its class is deletable and it is older than the grace
+
+
+@dataclass
+class SweepReport:
+    orphans: list[Orphan] = field(default_factory=list)
+    deleted: list[Orphan] = field(default_factory=list)
+    kept: int = 0  # promoted, recorded or in-flight objects
+    foreign: int = 0  # keys under the prefix that no output of fencegate's could have
+    failed: int = 0  # deletes the store refused (tried again next sweep)
+
+    def by_reason(self) -> dict[str, tuple[int, int]]:
+        out = {reason: (0, 0) for reason in REASONS}
+        for o in self.orphans:
+            n, b = out[o.reason]
+            out[o.reason] = (n + 1, b + o.size)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _JobState:
+    marker: bool
+    fence: int | None
+    cancelled: bool
+    completed: dict[str, Any] | None
+    entries: dict[str, OutputEntry]
+
+
+async def _job_state(outputs: OutputService, keys: JobKeys) -> _JobState:
+    pipe = outputs.store.client.pipeline(transaction=False)
+    pipe.exists(keys.marker)
+    pipe.hmget(keys.job, "fence", "cancelled", "completed")
+    pipe.hgetall(keys.outputs)
+    marker, (fence, cancelled, completed), raw = await pipe.execute()
+    entries = {f: OutputEntry.parse(f, v) for f, v in dict(raw).items()}
+    return _JobState(
+        marker=bool(marker),
+        fence=int(fence) if fence is not None else None,
+        cancelled=cancelled == "1",
+        completed=json.loads(completed) if completed else None,
+        entries=entries,
+    )
+
+
+def classify(gen: int, name: str, info: ObjectInfo, job: _JobState, now_ms: int) -> str | None:
+    """The orphan reason of one object, or None when it is kept (module docstring)."""
+    if not job.marker:
+        return "unknown"  # the slot lost its data: decide nothing
+    if job.completed is not None:
+        promoted = (job.completed.get("outputs") or {}).get(name) or {}
+        if int(promoted.get("generation", -1)) == gen and promoted.get("key") == info.key:
+            return None
+        return "completed"
+    if job.cancelled:
+        return "cancelled"
+    if job.fence is None or gen > job.fence:
+        return "unknown"
+    if gen < job.fence:
+        return "stale"
+    entry = job.entries.get(f"{gen}/{name}")
+    if entry is not None and entry.key == info.key:
+        if entry.state == "recorded":
+            return None
+        if entry.presigned or entry.deadline_ms > now_ms:
+            return None  # an upload in flight (or a presigned URL still valid)
+    return "unrecorded"
+
+
+async def sweep(
+    outputs: OutputService,
+    *,
+    grace_seconds: float,
+    dry_run: bool = False,
+    metrics: Metrics | None = None,
+    now: datetime | None = None,
+) -> SweepReport:
+    """One sweep of the whole store (see the module docstring)."""
+    now = now or datetime.now(UTC)
+    now_ms = int(now.timestamp() * 1000)
+    client = outputs.store.client
+    try:
+        if not await client.exists(MARKER):
+            raise StoreUnavailable(
+                "Redis has no fencegate durability marker: it may have lost fences and "
+                "completions, so the sweeper deletes nothing (fencegate init first)"
+            )
+        report = SweepReport()
+        jobs: dict[tuple[str, str], list[tuple[int, str, ObjectInfo]]] = defaultdict(list)
+        try:
+            async for info in outputs.objects.list():
+                parsed = parse_output_key(info.key)
+                if parsed is None:
+                    report.foreign += 1
+                    continue
+                tenant, job, gen, name = parsed
+                jobs[(tenant, job)].append((gen, name, info))
+        except ObjectStoreError as exc:
+            log.error("output_sweep_list_failed", error=str(exc))
+            raise
+        for (tenant, job), objects in jobs.items():
+            state = await _job_state(outputs, JobKeys(tenant, job))
+            for gen, name, info in objects:
+                reason = classify(gen, name, info, state, now_ms)
+                if reason is None:
+                    report.kept += 1
+                    continue
+                age = max(0.0, (now - info.last_modified).total_seconds())
+                deletable = reason in DELETED_REASONS and age >= grace_seconds
+                report.orphans.append(Orphan(info.key, reason, info.size, age, deletable))
+    except (RedisError, OSError) as exc:
+        raise StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}") from exc
+    if not dry_run:
+        await _delete(outputs, [o for o in report.orphans if o.deletable], report, metrics)
+    if metrics is not None:
+        _export(metrics, report)
+    return report
+
+
+async def _delete(
+    outputs: OutputService, doomed: Iterable[Orphan], report: SweepReport, metrics: Metrics | None
+) -> None:
+    for orphan in doomed:
+        try:
+            await outputs.objects.delete(orphan.key)  # idempotent: another gateway may win
+        except ObjectStoreError as exc:
+            report.failed += 1
+            log.warning("output_orphan_delete_failed", key=orphan.key, error=str(exc))
+            continue
+        report.deleted.append(orphan)
+        log.info(
+            "output_orphan_deleted", key=orphan.key, reason=orphan.reason, bytes=orphan.size,
+            age_seconds=round(orphan.age_seconds, 3),
+        )  # fmt: skip
+        if metrics is not None:
+            metrics.orphans_deleted.labels(orphan.reason).inc()
+            metrics.orphan_age_seconds.observe(orphan.age_seconds)
+
+
+def _export(metrics: Metrics, report: SweepReport) -> None:
+    """The gauges: orphans left in the store after this sweep, by reason."""
+    gone = {o.key for o in report.deleted}
+    left: dict[str, tuple[int, int]] = {reason: (0, 0) for reason in REASONS}
+    for o in report.orphans:
+        if o.key not in gone:
+            n, b = left[o.reason]
+            left[o.reason] = (n + 1, b + o.size)
+    for reason, (n, b) in left.items():
+        metrics.orphans.labels(reason).set(n)
+        metrics.orphan_bytes.labels(reason).set(b)

@@ -1,0 +1,241 @@
+"""The views of attempt-scoped outputs (issue 16): upload, pre-signed upload URL, read.
+
+``PUT /v1/jobs/{job}/outputs/{name}`` is the one route whose body is not JSON: it is
+marked ``streams_body`` so the browser guard accepts any declared media type (a browser
+cannot send a cross-site PUT without a CORS preflight, which this gateway never
+answers) and the body-deadline middleware does not read it into memory first; the view
+streams it to the object store chunk by chunk (:mod:`gateway.fencing.outputs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from gateway.core.errors import FencegateError, Forbidden, InvalidRequest, RequestTimeout
+from gateway.fencing.output_entry import OutputEntry
+from gateway.fencing.outputs import OutputService
+from gateway.http import appkeys as K
+from gateway.http.models import iso_ms
+from gateway.http.parsing import _body, _generation, _job_as, _worker_id, respond
+from gateway.http.views import Route
+from gateway.objects import valid_output_name
+from gateway.runtime.logging import bind
+
+__all__ = ["OUTPUTS", "OUTPUT_ROUTES", "OutputOut", "UploadUrlBody", "UploadUrlOut"]
+
+OUTPUTS = web.AppKey("outputs", OutputService)
+
+# a media type: type "/" subtype, then optional parameters; printable ASCII, bounded
+_TOKEN = r"[A-Za-z0-9!#$&^_.+-]{1,64}"
+_MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(;[\x20-\x7e]{{0,190}})?")
+_GENERATION = re.compile(r"[1-9][0-9]{0,15}")
+READ_URL_SECONDS = 300  # a redirect's signed GET URL is valid this long
+
+
+class OutputOut(BaseModel):
+    job_id: str
+    name: str
+    generation: int
+    state: Literal["staged", "recorded"]
+    key: str = Field(description="the attempt-scoped object key <tenant>/<job>/g<gen>/<name>")
+    size: int
+    sha256: str
+    content_type: str
+    presigned: bool
+    staged_at: str | None
+    recorded_at: str | None
+
+
+class UploadUrlBody(BaseModel):
+    content_type: str = Field(default="application/octet-stream", max_length=255)
+
+
+class UploadUrlOut(BaseModel):
+    job_id: str
+    name: str
+    generation: int
+    key: str
+    method: Literal["PUT"] = "PUT"
+    url: str
+    expires_at: str | None
+
+
+def output_out(job_id: str, e: OutputEntry) -> OutputOut:
+    return OutputOut(
+        job_id=job_id,
+        name=e.name,
+        generation=e.generation,
+        state="recorded" if e.state == "recorded" else "staged",
+        key=e.key,
+        size=e.size,
+        sha256=e.sha256,
+        content_type=e.content_type,
+        presigned=e.presigned,
+        staged_at=iso_ms(e.staged_ms or None),
+        recorded_at=iso_ms(e.recorded_ms or None),
+    )
+
+
+def _output_name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not valid_output_name(name):
+        raise InvalidRequest(
+            "an output name is one path segment of 1 to 128 characters: a letter or digit, "
+            "then letters, digits, '.', '_' or '-' (no '..', '/', '\\\\', NUL)"
+        )
+    bind(output=name)
+    return name
+
+
+def _media_type(value: str | None) -> str:
+    if value is None or not value.strip():
+        return "application/octet-stream"
+    if not _MEDIA_TYPE.fullmatch(value.strip()):
+        raise InvalidRequest("Content-Type is not a media type (type/subtype[; parameters])")
+    return value.strip()
+
+
+def _body_chunks(request: web.Request, idle: float) -> AsyncIterator[bytes]:
+    """The request body as it arrives; each read must come within ``idle`` seconds."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    chunk = await request.content.readany()
+            except TimeoutError:
+                raise RequestTimeout(f"no byte of the body arrived for {idle:g} s") from None
+            except (ConnectionError, OSError, ValueError) as exc:  # pragma: no cover
+                raise InvalidRequest(f"the body broke off: {type(exc).__name__}") from None
+            except Exception as exc:  # aiohttp's payload errors: the client went away
+                raise InvalidRequest(f"the body broke off: {type(exc).__name__}") from None
+            if not chunk:
+                return
+            yield chunk
+
+    return chunks()
+
+
+async def put_output(request: web.Request) -> web.Response:
+    keys, _ = _job_as(request, "worker")
+    name = _output_name(request)
+    worker_id = _worker_id(request)
+    content_type = _media_type(request.headers.get("Content-Type"))
+    gen = await _generation(request, keys, step=f"output:{name}", worker_id=worker_id)
+    service = request.app[OUTPUTS]
+    idle = request.app[K.SETTINGS].connections.body_timeout_seconds
+    try:
+        entry = await service.put(
+            keys, gen, name, _body_chunks(request, idle), content_type=content_type,
+            content_length=request.content_length, worker_id=worker_id or "",
+        )  # fmt: skip
+    except FencegateError as exc:
+        # the rest of an unread body is aiohttp's to discard after the answer (bounded by
+        # its lingering time, then the connection closes): the client reads the problem
+        request.app[K.METRICS].outputs.labels(exc.code).inc()
+        raise
+    request.app[K.METRICS].outputs.labels("recorded").inc()
+    return respond(output_out(keys.job_id, entry), 201)
+
+
+put_output.streams_body = True  # type: ignore[attr-defined]
+
+
+async def upload_url(request: web.Request) -> web.Response:
+    keys, _ = _job_as(request, "worker")
+    name = _output_name(request)
+    worker_id = _worker_id(request)
+    body: UploadUrlBody = await _body(request, UploadUrlBody, empty_ok=True)
+    content_type = _media_type(body.content_type)
+    gen = await _generation(request, keys, step=f"output:{name}", worker_id=worker_id)
+    url, key, deadline = await request.app[OUTPUTS].upload_url(
+        keys, gen, name, content_type=content_type, worker_id=worker_id or ""
+    )
+    out = UploadUrlOut(
+        job_id=keys.job_id, name=name, generation=gen, key=key, url=url,
+        expires_at=iso_ms(deadline),
+    )  # fmt: skip
+    return respond(out, 201)
+
+
+async def get_output(request: web.Request) -> web.StreamResponse:
+    keys, principal = _job_as(request, "worker", "scheduler", "auditor")
+    name = _output_name(request)
+    service = request.app[OUTPUTS]
+    raw_gen = request.query.get("generation")
+    if raw_gen is not None:
+        if principal.role not in ("auditor", "admin"):
+            raise Forbidden("reading a staged output of a given generation needs role auditor")
+        if not _GENERATION.fullmatch(raw_gen) or int(raw_gen) > 2**53 - 1:
+            raise InvalidRequest("generation must be an integer from 1 to 2^53 - 1")
+        entry, chunks = await service.open_staged(keys, int(raw_gen), name)
+    else:
+        if service.settings.redirect_reads and service.objects.can_sign:
+            entry = await service.promoted(keys, name)
+            url = await service.read_url(entry, READ_URL_SECONDS)
+            return web.Response(status=307, headers={"Location": url})
+        entry, chunks = await service.open_promoted(keys, name)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": entry.content_type,
+            "Fencegate-Generation": str(entry.generation),
+            "Fencegate-Output-State": "promoted" if raw_gen is None else entry.state,
+            # the bytes are a worker's: never rendered or sniffed as the gateway's own page
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox",
+            "Content-Disposition": f'attachment; filename="{entry.name}"',
+        }
+    )
+    if entry.state == "recorded":
+        response.content_length = entry.size
+        response.headers["ETag"] = f'"{entry.sha256}"'
+    await response.prepare(request)
+    async for chunk in chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+_UPLOAD_PROBLEMS = (400, 401, 403, 408, 409, 413, 503)
+
+OUTPUT_ROUTES: tuple[Route, ...] = (
+    Route(
+        "PUT",
+        "/v1/jobs/{job}/outputs/{name}",
+        put_output,
+        "Upload an output to its attempt-scoped key: fenced before the first byte and "
+        "recorded (size, sha256) under the fence after the last",
+        roles=("worker",),
+        responses={201: OutputOut},
+        headers=("Fencing-Token", "Worker-Id"),
+        problems=_UPLOAD_PROBLEMS,
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job}/outputs/{name}/upload-url",
+        upload_url,
+        "A pre-signed PUT URL for the attempt-scoped key, after the same fenced stage (S3)",
+        roles=("worker",),
+        body=UploadUrlBody,
+        responses={201: UploadUrlOut},
+        headers=("Fencing-Token", "Worker-Id"),
+        problems=(400, 401, 403, 409, 413, 415, 501, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job}/outputs/{name}",
+        get_output,
+        "The promoted output of a completed job (404 before completion); auditors: "
+        "?generation= reads any generation's staged object",
+        roles=("worker", "scheduler", "auditor"),
+        responses={200: None, 307: None},
+        query=("generation",),
+        problems=(400, 401, 403, 404, 500, 503),
+    ),
+)

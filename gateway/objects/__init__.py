@@ -1,0 +1,28 @@
+"""Object stores for attempt-scoped job outputs (issue 16), through ``obstore``.
+
+:mod:`gateway.objects.store` is the one module that talks to an object store: the local
+filesystem (the embedded default) or S3 (any S3-compatible service). It knows nothing
+of fences; the fenced decisions around every write are in :mod:`gateway.fencing.outputs`.
+"""
+
+from gateway.objects.store import (
+    ObjectInfo,
+    ObjectStore,
+    ObjectStoreError,
+    PreconditionFailed,
+    build_object_store,
+    output_key,
+    parse_output_key,
+    valid_output_name,
+)
+
+__all__ = [
+    "ObjectInfo",
+    "ObjectStore",
+    "ObjectStoreError",
+    "PreconditionFailed",
+    "build_object_store",
+    "output_key",
+    "parse_output_key",
+    "valid_output_name",
+]

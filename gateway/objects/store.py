@@ -1,0 +1,234 @@
+"""One object store for job outputs, local filesystem or S3, behind one small async API.
+
+Everything goes through ``obstore`` (Rust ``object_store`` underneath): streamed puts
+from an async iterator (multipart on S3, a staging file renamed into place on the local
+filesystem — a put that fails or is cancelled half-way leaves no object behind), ranged
+streamed gets, listing, idempotent deletes and, for S3, signed URLs. No hand-written
+HTTP client, no boto.
+
+Keys: ``<prefix><tenant>/<job>/g<generation>/<name>`` (:func:`output_key`). Tenant and
+job match ``NAME_RE`` (no ``/``), the generation is a decimal integer and the name is
+checked by :func:`valid_output_name` before any key is built, so a key can never leave
+its attempt's prefix (no ``..``, no absolute path, no separator, no NUL).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import obstore
+from obstore.exceptions import BaseError as ObstoreBaseError
+from obstore.exceptions import PreconditionError
+from obstore.store import LocalStore, S3Store
+
+from gateway.runtime.settings import ConfigError, OutputSettings, Settings
+
+__all__ = [
+    "ObjectInfo",
+    "ObjectStore",
+    "ObjectStoreError",
+    "PreconditionFailed",
+    "build_object_store",
+    "output_key",
+    "parse_output_key",
+    "valid_output_name",
+]
+
+# an output name is one path segment: the first character alphanumeric (no ".", "..",
+# hidden or absolute names), then letters, digits, ".", "_", "-"; at most 128 characters
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_KEY = re.compile(rf"({_PART})/({_PART})/g([1-9][0-9]{{0,15}})/({_PART})")
+
+Kind = Literal["file", "s3"]
+
+
+class ObjectStoreError(Exception):
+    """The object store failed (unreachable, refused, I/O error): nothing is recorded."""
+
+
+class PreconditionFailed(ObjectStoreError):
+    """A conditional read found another version of the object than the one recorded."""
+
+
+def valid_output_name(name: str) -> bool:
+    """One safe path segment (see the module docstring); ``..`` or ``a/b`` never pass."""
+    return _NAME.fullmatch(name) is not None and ".." not in name
+
+
+def output_key(tenant: str, job: str, generation: int, name: str) -> str:
+    """The attempt-scoped key, without the store's prefix: ``<tenant>/<job>/g<gen>/<name>``."""
+    if not valid_output_name(name):  # the views check first; this is the last line
+        raise ValueError(f"not a valid output name: {name!r}")
+    return f"{tenant}/{job}/g{generation}/{name}"
+
+
+def parse_output_key(key: str) -> tuple[str, str, int, str] | None:
+    """``(tenant, job, generation, name)`` of a key built by :func:`output_key`, else None."""
+    m = _KEY.fullmatch(key)
+    if m is None or ".." in m[4]:
+        return None
+    return m[1], m[2], int(m[3]), m[4]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str  # without the store's prefix
+    size: int
+    last_modified: datetime
+    etag: str
+
+
+def _info(meta: Any, prefix: str) -> ObjectInfo:
+    path = str(meta["path"])
+    return ObjectInfo(
+        key=path[len(prefix) :] if path.startswith(prefix) else path,
+        size=int(meta["size"]),
+        last_modified=meta["last_modified"],
+        etag=str(meta.get("e_tag") or ""),
+    )
+
+
+class ObjectStore:
+    """The outputs' object store. Every method raises :class:`ObjectStoreError` on failure."""
+
+    def __init__(self, store: LocalStore | S3Store, kind: Kind, prefix: str, where: str) -> None:
+        self._store = store
+        self.kind: Kind = kind
+        self.prefix = prefix
+        self.where = where  # for logs and the CLI: the directory or s3://bucket/prefix
+
+    @property
+    def can_sign(self) -> bool:
+        return self.kind == "s3"
+
+    async def put_stream(
+        self, key: str, chunks: AsyncIterator[bytes], content_type: str
+    ) -> ObjectInfo:
+        """Stream ``chunks`` to ``key`` (replacing what is there). An exception raised by the
+        iterator propagates unchanged after the partial upload is abandoned (no object)."""
+        attributes: Any = {"Content-Type": content_type} if self.kind == "s3" else None
+        try:
+            result = await obstore.put_async(
+                self._store, self.prefix + key, chunks, attributes=attributes,
+                chunk_size=8 * 1024 * 1024,
+            )  # fmt: skip
+        except (ObstoreBaseError, OSError) as exc:
+            raise ObjectStoreError(f"object store put failed: {exc}") from exc
+        meta = await self.head(key)
+        if meta is None:  # pragma: no cover - the store just acknowledged it
+            raise ObjectStoreError(f"object {key} vanished right after its put")
+        return ObjectInfo(meta.key, meta.size, meta.last_modified, result.get("e_tag") or "")
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        try:
+            meta = await obstore.head_async(self._store, self.prefix + key)
+        except FileNotFoundError:
+            return None
+        except (ObstoreBaseError, OSError) as exc:
+            raise ObjectStoreError(f"object store head failed: {exc}") from exc
+        return _info(meta, self.prefix)
+
+    async def open(
+        self, key: str, *, if_match: str = ""
+    ) -> tuple[ObjectInfo, str | None, AsyncIterator[bytes]] | None:
+        """``(info, content type or None, chunks)`` of ``key``; None when it does not exist.
+        ``if_match``: the etag recorded for it; another version raises
+        :class:`PreconditionFailed` (the object was replaced behind the gateway's back)."""
+        options: Any = {"if_match": if_match} if if_match else None
+        try:
+            result = await obstore.get_async(self._store, self.prefix + key, options=options)
+        except FileNotFoundError:
+            return None
+        except PreconditionError as exc:
+            raise PreconditionFailed(f"object {key} is not the recorded version") from exc
+        except (ObstoreBaseError, OSError) as exc:
+            raise ObjectStoreError(f"object store get failed: {exc}") from exc
+        ctype = result.attributes.get("Content-Type")
+        stream = result.stream(min_chunk_size=256 * 1024)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in stream:
+                    yield bytes(chunk)
+            except (ObstoreBaseError, OSError) as exc:
+                raise ObjectStoreError(f"object store read failed: {exc}") from exc
+
+        return _info(result.meta, self.prefix), str(ctype) if ctype else None, chunks()
+
+    async def delete(self, key: str) -> bool:
+        """Delete ``key``; idempotent (a missing object is not an error). True if it existed
+        as far as the store tells (S3 does not tell: always True there)."""
+        try:
+            await obstore.delete_async(self._store, self.prefix + key)
+        except FileNotFoundError:
+            return False
+        except (ObstoreBaseError, OSError) as exc:
+            raise ObjectStoreError(f"object store delete failed: {exc}") from exc
+        return True
+
+    async def list(self, under: str = "") -> AsyncIterator[ObjectInfo]:
+        """Every object under ``under`` (a key prefix below the store's prefix)."""
+        try:
+            async for batch in obstore.list(self._store, self.prefix + under, chunk_size=1000):
+                for meta in batch:
+                    yield _info(meta, self.prefix)
+        except FileNotFoundError:
+            return
+        except (ObstoreBaseError, OSError) as exc:
+            raise ObjectStoreError(f"object store list failed: {exc}") from exc
+
+    async def sign(self, method: Literal["PUT", "GET"], key: str, seconds: float) -> str:
+        """A pre-signed URL for ``method`` on ``key``, valid ``seconds`` (S3 only)."""
+        if not isinstance(self._store, S3Store):
+            raise ObjectStoreError("only an S3 store signs URLs")
+        try:
+            return await obstore.sign_async(
+                self._store, method, self.prefix + key, timedelta(seconds=seconds)
+            )
+        except (ObstoreBaseError, OSError) as exc:
+            raise ObjectStoreError(f"object store sign failed: {exc}") from exc
+
+
+def default_path(settings: Settings) -> Path:
+    """The file store's directory: ``outputs.path``, else ``<redis.data_dir>-outputs``."""
+    if settings.outputs.path:
+        return Path(settings.outputs.path)
+    data = Path(settings.redis.data_dir)
+    return data.with_name(data.name + "-outputs")
+
+
+def build_object_store(settings: Settings, secret: Callable[[str, str], str]) -> ObjectStore:
+    """The configured store; a configuration that cannot work is a :class:`ConfigError`."""
+    out: OutputSettings = settings.outputs
+    if out.store == "file":
+        path = default_path(settings).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return ObjectStore(LocalStore(str(path)), "file", out.prefix, str(path))
+    if not out.bucket:
+        raise ConfigError('outputs.bucket: required with outputs.store = "s3"')
+    creds: dict[str, Any] = {}
+    for field, env in (
+        ("access_key_id", out.access_key_id_env),
+        ("secret_access_key", out.secret_access_key_env),
+        ("token", out.session_token_env),
+    ):
+        if env:
+            creds[field] = secret(env, f"outputs.{field}_env")
+    if bool(creds.get("access_key_id")) != bool(creds.get("secret_access_key")):
+        raise ConfigError("outputs: set both access_key_id_env and secret_access_key_env, or none")
+    config: Any = {"region": out.region, **creds}
+    if out.endpoint:
+        config["endpoint"] = out.endpoint
+        config["virtual_hosted_style_request"] = False
+    store = S3Store(out.bucket, config=config, client_options={"allow_http": out.allow_http})
+    return ObjectStore(store, "s3", out.prefix, f"s3://{out.bucket}/{out.prefix}")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)

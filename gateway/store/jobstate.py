@@ -1,0 +1,220 @@
+"""A job's own state in Redis: checkpoints, its fenced completion, and the job view's
+records of both (and of the attempt-scoped outputs).
+
+Every write is one Lua script in the job's slot, through the prelude
+(:meth:`gateway.store.base.StoreBase._run`): ``checkpoint-3`` and ``complete-3``. A rejection
+comes back audited and typed like an effect's (:meth:`gateway.store.store.Store._rejected`).
+
+The records (shared with the outputs module; docs/reliability.md has their invariants):
+
+- ``fg:{t/j}:ckpt`` field ``<name>`` → ``{"generation", "value", "worker", "at_ms"}``
+- ``fg:{t/j}:outputs`` field ``<generation>/<name>`` → ``{"state": "staged" | "recorded",
+  "key", "size", "sha256", "content_type", "staged_ms", "recorded_ms", "presigned"}``
+- ``fg:{t/j}:job`` field ``completed`` → ``{"generation", "at_ms", "result", "outputs":
+  {name: {"generation", "key", "size", "sha256", "content_type"}}, "body_sha"}``
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.core import fastjson
+from gateway.core.errors import OutputNotStaged
+from gateway.store.keys import JobKeys
+from gateway.store.store import Store
+
+__all__ = [
+    "Checkpoint",
+    "Completion",
+    "JobState",
+    "JobStateView",
+    "OutputRecord",
+    "canonical_json",
+]
+
+
+def canonical_json(value: Any) -> str:
+    """One spelling per JSON value: sorted keys, no spaces, integers exact, UTF-8 kept."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    name: str
+    generation: int
+    value: Any
+    worker_id: str | None
+    at_ms: int
+
+    @classmethod
+    def from_json(cls, name: str, raw: str) -> Checkpoint:
+        d = fastjson.loads(raw)
+        return cls(name, int(d["generation"]), d["value"], d.get("worker"), int(d["at_ms"]))
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """One attempt-scoped output as recorded (``state`` staged or recorded)."""
+
+    name: str
+    generation: int
+    state: str
+    key: str
+    size: int | None
+    sha256: str | None
+    content_type: str | None
+    at_ms: int | None
+
+    @classmethod
+    def from_field(cls, field: str, raw: str) -> OutputRecord | None:
+        gen, _, name = field.partition("/")
+        try:
+            d = fastjson.loads(raw)
+            return cls(
+                name=name,
+                generation=int(gen),
+                state=str(d.get("state", "")),
+                key=str(d.get("key", "")),
+                size=d.get("size"),
+                sha256=d.get("sha256"),
+                content_type=d.get("content_type"),
+                at_ms=d.get("recorded_ms") or d.get("staged_ms"),
+            )
+        except (ValueError, AttributeError):  # not ours to judge: shown as unreadable
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    generation: int
+    at_ms: int
+    result: Any
+    outputs: dict[str, dict[str, Any]]
+    replayed: bool = False
+
+    @classmethod
+    def from_json(cls, raw: str, *, replayed: bool = False) -> Completion:
+        d = fastjson.loads(raw)
+        return cls(int(d["generation"]), int(d["at_ms"]), d["result"], d["outputs"], replayed)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStateView:
+    """What the job view shows besides fence and effects."""
+
+    completion: Completion | None
+    checkpoints: dict[str, Checkpoint]
+    outputs: list[OutputRecord]
+
+
+class JobState:
+    """Checkpoints and completion of jobs, on the gateway's :class:`Store`."""
+
+    def __init__(self, store: Store, *, registration: str, retention_seconds: int) -> None:
+        self._store = store
+        self._registration = registration
+        self._retention = str(retention_seconds)
+
+    async def checkpoint(
+        self,
+        keys: JobKeys,
+        name: str,
+        value_json: str,
+        *,
+        generation: int,
+        worker_id: str | None,
+    ) -> int:
+        """Write a checkpoint under the fence; returns when (ms, Redis's clock)."""
+        store = self._store
+        reply = await store._run(
+            "checkpoint-3",
+            keys,
+            (keys.job, keys.ckpt, keys.audit),
+            (
+                str(generation),
+                self._registration,
+                name,
+                value_json,
+                "null" if worker_id is None else json.dumps(worker_id),
+                worker_id or "",
+                keys.job_id,
+                keys.tenant,
+                self._retention,
+            ),
+        )
+        if int(reply[0]) == 9:
+            raise await store._rejected(
+                keys, reply, step=f"checkpoint:{name}", worker_id=worker_id or ""
+            )
+        return int(reply[2])
+
+    async def load_checkpoint(self, keys: JobKeys, name: str) -> Checkpoint | None:
+        client = self._store.client
+        raw = await self._store._guard(lambda: client.hget(keys.ckpt, name))
+        return None if raw is None else Checkpoint.from_json(name, str(raw))
+
+    async def complete(
+        self,
+        keys: JobKeys,
+        *,
+        generation: int,
+        result_json: str,
+        outputs: Sequence[str],
+        body_sha: str,
+        worker_id: str | None,
+        request_id: str | None = None,
+    ) -> Completion:
+        """The fenced completion (see ``complete-3.lua``). ``request_id``: the same one on a
+        re-send of a call whose reply was lost (it answers what it answered)."""
+        store = self._store
+        reply = await store._run(
+            "complete-3",
+            keys,
+            (keys.job, keys.outputs, keys.audit),
+            (
+                str(generation),
+                self._registration,
+                body_sha,
+                result_json,
+                json.dumps(list(outputs)),
+                worker_id or "",
+                keys.job_id,
+                keys.tenant,
+                self._retention,
+            ),
+            request_id=request_id,
+        )
+        code = int(reply[0])
+        if code in (0, 1):
+            return Completion.from_json(str(reply[1]), replayed=code == 1)
+        if code == 7:
+            missing = json.loads(reply[1])
+            raise OutputNotStaged(
+                f"generation {generation} has not recorded these outputs: {', '.join(missing)}; "
+                "upload them (PUT …/outputs/{name}) before completing",
+                missing=missing,
+                generation=generation,
+            )
+        raise await store._rejected(keys, reply, step="job:complete", worker_id=worker_id or "")
+
+    async def view(self, keys: JobKeys) -> JobStateView:
+        """Completion, checkpoints and outputs of a job (three reads, one pipeline)."""
+        client = self._store.client
+
+        async def read() -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.hget(keys.job, "completed")
+                pipe.hgetall(keys.ckpt)
+                pipe.hgetall(keys.outputs)
+                return await pipe.execute()
+
+        completed, ckpts, outputs = await self._store._guard(read)
+        records = [OutputRecord.from_field(f, v) for f, v in sorted(outputs.items())]
+        return JobStateView(
+            completion=Completion.from_json(completed) if completed else None,
+            checkpoints={n: Checkpoint.from_json(n, v) for n, v in sorted(ckpts.items())},
+            outputs=[r for r in records if r is not None],
+        )

@@ -1,0 +1,77 @@
+--[[
+  Stage one attempt-scoped output: the fenced decision taken BEFORE any byte of it is
+  written to the object store (gateway.outputs). A refused call writes nothing there.
+
+  Input (the prelude's trailer follows):
+    KEYS[1] job hash          fg:{t/j}:job
+    KEYS[2] outputs hash      fg:{t/j}:outputs   (field '<generation>/<name>' -> JSON entry)
+    KEYS[3] job audit stream  fg:{t/j}:audit
+    ARGV[1]  generation presented (decimal)
+    ARGV[2]  registration mode: 'required' | 'implicit'
+    ARGV[3]  output name   ARGV[4] object key ('<tenant>/<job>/g<generation>/<name>')
+    ARGV[5]  upload id (unique per stage; the record must present it)
+    ARGV[6]  how long the upload may take, ms (the gateway cuts its own upload at this
+             deadline; a presigned URL expires then)
+    ARGV[7]  '1' for a presigned upload (the bytes bypass the gateway), else '0'
+    ARGV[8]  job id   ARGV[9] tenant   ARGV[10] worker id ('' if none)
+    ARGV[11] retention, seconds (audit stream)   ARGV[12] declared content type
+
+  Output:
+    {0, fence, deadline_ms}                     staged: write the bytes now
+    {2, retry_after_ms}                         an upload of this output by this generation
+                                                through the gateway is still running
+    {9, reason, presented, current, audit_id, ''}   rejected and audited
+
+  Checks, in order: cancelled, completed (any generation), the fence (stale: audited with
+  both generations), the lease. A recorded output of the same generation may be staged
+  again (a retry overwrites its own object; after completion nothing is staged at all).
+]]
+local gen = tonumber(ARGV[1])
+local now = now_ms()
+local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
+local completed = redis.call('HEXISTS', KEYS[1], 'completed') == 1
+local fence = tonumber(job[1]) or 0
+local raised = false
+
+local function reject(reason)
+  local id = audit(KEYS[3], KEYS[1], ARGV[11], now, {
+    'tenant', ARGV[9], 'job_id', ARGV[8], 'step', 'output:' .. ARGV[3], 'reason', reason,
+    'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[10], 'adapter', ''})
+  return done({9, reason, ARGV[1], fmt(fence), id, ''})
+end
+
+if job[2] == '1' then return reject('job_cancelled') end
+if completed then return reject('job_completed') end
+if gen < fence then return reject('stale_generation') end
+if gen > fence then
+  if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
+  redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
+  redis.call('PERSIST', KEYS[1])  -- a fence never expires
+  fence = gen
+  raised = true
+else
+  local lease_exp = tonumber(job[3]) or 0
+  if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end
+end
+
+local field = ARGV[1] .. '/' .. ARGV[3]
+local prior = redis.call('HGET', KEYS[2], field)
+if prior then
+  local p = cjson.decode(prior)
+  -- one upload through the gateway at a time per output and generation: two at once
+  -- would race on the same key, and the record could describe the other one's bytes
+  if p.state == 'staged' and not p.presigned and (tonumber(p.deadline) or 0) > now then
+    local reply = {2, fmt(p.deadline - now)}
+    if raised then return done(reply) end
+    return reply
+  end
+end
+
+local deadline = now + tonumber(ARGV[6])
+local entry = {
+  state = 'staged', key = ARGV[4], size = 0, sha256 = '', content_type = ARGV[12],
+  staged_ms = now, recorded_ms = 0, presigned = ARGV[7] == '1', upload = ARGV[5],
+  deadline = deadline, etag = '', worker_id = ARGV[10],
+}
+redis.call('HSET', KEYS[2], field, cjson.encode(entry))
+return done({0, fmt(fence), fmt(deadline)})
