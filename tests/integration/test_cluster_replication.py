@@ -29,7 +29,16 @@ from tests.valkey_cluster import ValkeyCluster
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ValkeyCluster]:
     """A cluster of its own: this test kills a primary and leaves the shard re-arranged."""
-    c = ValkeyCluster(tmp_path / "cluster", primaries=3, replicas=1, node_timeout_ms=1000)
+    # validity factor 0: the held-back replica may be promoted however long it was stopped
+    # (by default it refuses once its link was down ~10 node timeouts: a slow run would
+    # then never fail over at all)
+    c = ValkeyCluster(
+        tmp_path / "cluster",
+        primaries=3,
+        replicas=1,
+        node_timeout_ms=1000,
+        extra_args=("--cluster-replica-validity-factor", "0"),
+    )
     c.start()
     try:
         c.write_markers()
@@ -94,7 +103,7 @@ async def _loss_scenario(
     registered = (await scheduler.register("j", generation=2)).status
     cluster.kill(primary)
     cluster.resume(replica)
-    await asyncio.to_thread(cluster.wait_primary, replica, 20.0)  # the automatic failover
+    await asyncio.to_thread(cluster.wait_primary, replica, 30.0)  # the automatic failover
     fence = int(cluster.client(replica).hget("fg:{default/j}:job", "fence") or 0)
     await asyncio.to_thread(cluster.restart, primary)  # rejoins as the new primary's replica
     await asyncio.to_thread(cluster.wait_ok, 30.0)
