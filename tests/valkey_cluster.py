@@ -17,7 +17,7 @@ API (everything synchronous; from async code wrap slow calls in ``asyncio.to_thr
     cluster.write_markers()          # fencegate's durability markers, as `fencegate init` would
     cluster.kill(node)               # kill -9; cluster.restart(node) brings it back (same data)
     cluster.pause(node) / cluster.resume(node)   # SIGSTOP / SIGCONT
-    cluster.failover(replica, mode="")           # CLUSTER FAILOVER [FORCE|TAKEOVER], wait_ok
+    cluster.failover(replica, mode="")           # CLUSTER FAILOVER [FORCE|TAKEOVER], wait whole
     cluster.wait_primary(node, timeout)          # until that node is a primary with slots
     cluster.wait_synced(timeout)     # every live replica's link to its primary is up
     cluster.wait_ok(timeout)         # every live node: cluster_state ok, one agreed slot map
@@ -156,6 +156,8 @@ class ValkeyCluster:
             "--cluster-node-timeout", str(self.node_timeout_ms),
             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
             "--maxmemory-policy", "noeviction", "--dir", str(node.data_dir),
+            # a replica's full sync starts at once (default: 5 s wait for other replicas)
+            "--repl-diskless-sync-delay", "0",
             "--logfile", "valkey.log", "--daemonize", "no", "--protected-mode", "yes",
             *self.extra_args,
         ]  # fmt: skip
@@ -276,6 +278,7 @@ class ValkeyCluster:
         self.client(replica).execute_command(*args)
         self.wait_primary(replica, timeout)
         self.wait_ok(timeout)
+        self.wait_synced(timeout)  # the old primary, now its replica, counted online again
 
     def wait_primary(self, node: Node, timeout: float = 15.0) -> None:
         self._until(lambda: self._serves_slots(node), timeout, f"{node} became a primary")
@@ -408,12 +411,19 @@ class ValkeyCluster:
         self._until(ok, timeout, "cluster_state:ok on every live node")
 
     def _replicas_synced(self) -> bool:
+        """Every live replica's link is up, and its primary counts it ``online`` (not still in
+        its full sync: WAIT counts only online replicas)."""
         for node in self.nodes:
             if not self._up(node):
                 continue
-            info = str(self.client(node).execute_command("INFO", "replication"))
-            if "role:slave" in info and "master_link_status:up" not in info:
+            info = self.client(node).info("replication")
+            if info.get("role") == "slave" and info.get("master_link_status") != "up":
                 return False
+            if info.get("role") == "master":
+                for key, value in info.items():
+                    slave = key.startswith("slave") and isinstance(value, dict)
+                    if slave and value.get("state") != "online":
+                        return False
         return True
 
     def wait_synced(self, timeout: float = 20.0) -> None:

@@ -50,7 +50,6 @@ import redis.asyncio as aioredis
 from redis.exceptions import (
     AskError,
     ClusterDownError,
-    MovedError,
     NoScriptError,
     ResponseError,
     TryAgainError,
@@ -62,13 +61,13 @@ from gateway.store.replication import AckPolicy, AckStatus, first_key
 
 __all__ = ["Batcher", "NotSent"]
 
+# Cluster answers that mean the command did not run on that node (MovedError is an AskError)
+_NOT_RUN = (AskError, TryAgainError, ClusterDownError)
+
 
 class NotSent(RedisConnectionError):
     """No connection could be had: the commands were never written, so they did not run."""
 
-
-# error replies of commands that did not run at all (Cluster redirections)
-_NOT_RUN = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 # One batch per connection write; more pending commands than this open
 # another batch on another pooled connection in the same tick.
@@ -242,7 +241,7 @@ class Batcher:
             self.ack_status.note(not reason, reason, len(calls))
             if reason:  # not one reply of this batch may leave: they all depend on it
                 failure = self.ack.failure(reason)
-                failure.stale_map = isinstance(acked[0], MovedError | AskError)
+                failure.stale_map = isinstance(acked[0], AskError)  # MOVED or ASK
                 for call in calls:
                     # a redirected command did not run (Cluster): its own error, so the router
                     # sends it where it belongs (and reads the map again)

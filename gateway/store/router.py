@@ -135,6 +135,9 @@ class ClusterRouter:
         self.ack = ack
         self.owners: list[str | None] = [None] * SLOTS
         self._nodes: dict[str, Batcher] = {}
+        # per node, without the acknowledgement's tail: the map reads and PINGs (a tail needs
+        # a slot the node serves, which the map tells)
+        self._plain: dict[str, Batcher] = {}
         self._refresh: asyncio.Task[None] | None = None
         self._refreshed_at = 0.0
         self._closed = False
@@ -171,8 +174,8 @@ class ClusterRouter:
         return self._send(key_slot_of(str(args[1])), args, None, resend)
 
     def execute_on(self, node: str, *args: Any) -> asyncio.Future[Any]:
-        """A command for one node itself (``SCAN``, ``PING``), pipelined with its tick."""
-        return self._node(node).submit(args, None)
+        """A command for one node itself (``PING``, ``CLUSTER SLOTS``): never acknowledged."""
+        return self._node(node, plain=True).submit(args, None)
 
     async def primaries(self) -> list[str]:
         """The primaries serving slots now (``host:port``), from a fresh map."""
@@ -196,19 +199,24 @@ class ClusterRouter:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
                 await self._refresh
-        for batcher in self._nodes.values():
+        for batcher in [*self._nodes.values(), *self._plain.values()]:
             await batcher.aclose()
 
     # -- routing -----------------------------------------------------------------
-    def _node(self, addr: str) -> Batcher:
-        batcher = self._nodes.get(addr)
+    def _node(self, addr: str, *, plain: bool = False) -> Batcher:
+        nodes = self._plain if plain and self.ack is not None else self._nodes
+        batcher = nodes.get(addr)
         if batcher is None:
             host, port = _split(addr)
             pool = aioredis.BlockingConnectionPool(
-                host=host, port=port, max_connections=self._max_connections, **self._kwargs
+                host=host,
+                port=port,
+                max_connections=2 if nodes is self._plain else self._max_connections,
+                **self._kwargs,
             )
-            batcher = Batcher(aioredis.Redis(connection_pool=pool), self.ack)
-            self._nodes[addr] = batcher
+            ack = None if nodes is self._plain else self.ack
+            batcher = Batcher(aioredis.Redis(connection_pool=pool), ack)
+            nodes[addr] = batcher
             self._cover(addr, batcher)
         return batcher
 
@@ -300,7 +308,7 @@ class ClusterRouter:
                     if self.owners[slot] in (None, tried):
                         break
                     self.redirects["failover"] += 1
-                if source is not None and may_have_run:
+                if source is not None:  # a script about to be sent again: SEEN as of now
                     command = self._reseen(slot, command)
             elif self.owners[slot] is None:
                 await self.refresh()
@@ -347,14 +355,15 @@ class ClusterRouter:
 
     async def _read_map(self, avoid: str | None) -> None:
         known = [a for a in dict.fromkeys(self.owners) if a is not None]
-        order = [a for a in dict.fromkeys([*known, *self._seeds, *self._nodes]) if a != avoid]
+        candidates = dict.fromkeys([*known, *self._seeds, *self._nodes, *self._plain])
+        order = [a for a in candidates if a != avoid]
         if avoid is not None:
             order.append(avoid)
         for addr in order:
             if self._closed:
                 return
             try:
-                reply = await self._node(addr).submit(("CLUSTER", "SLOTS"), None)
+                reply = await self.execute_on(addr, "CLUSTER", "SLOTS")
             except (RedisError, OSError):
                 continue
             owners = parse_slots(reply)

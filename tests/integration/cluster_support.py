@@ -1,9 +1,9 @@
 """Fixtures for the Cluster tests: in-process gateways on the session's Valkey Cluster.
 
-``cluster_contract`` (see test_cluster_contract.py) re-runs the contract modules with these
-fixtures in place of the standalone ones: ``redis_url`` is the cluster's seed URL, every
-gateway runs with ``[redis] cluster = true``, and ``redis_sync`` is a sync ``RedisCluster``
-(``keys()`` reads every primary).
+test_cluster_contract.py re-runs the contract modules with these fixtures in place of the
+standalone ones: ``redis_url`` is the cluster's seed URL, every gateway runs with
+``[redis] cluster = true`` and ``replicas_acked = 1``, and ``redis_sync`` is a sync
+``RedisCluster`` (``keys()`` reads every primary).
 """
 
 from __future__ import annotations
@@ -56,11 +56,18 @@ def redis_sync(redis_url: str, valkey_cluster: ValkeyCluster) -> Iterator[Cluste
 
 @pytest.fixture
 async def make_gateway(redis_url: str, upstream: Upstream, tmp_path: Path) -> AsyncIterator[Any]:
-    """As tests/conftest.py's, with ``[redis] cluster = true``."""
+    """As tests/conftest.py's, with ``[redis] cluster = true`` and ``replicas_acked = 1``."""
     clients: list[TestClient[Any, Any]] = []
 
     async def make(headers: dict[str, str] | None = None, **sections: Any) -> Gateway:
-        sections["redis"] = {"cluster": True, **sections.get("redis", {})}
+        # R = 1: every verdict waits for the primary and its replica to fsync (the supported
+        # deployment); a test may ask for replicas_acked = 0
+        sections["redis"] = {
+            "cluster": True,
+            "replicas_acked": 1,
+            "replica_ack_timeout_ms": 500,
+            **sections.get("redis", {}),
+        }
         settings = gateway_settings(redis_url, upstream.url, tmp_path, **sections)
         app = create_app(
             settings,

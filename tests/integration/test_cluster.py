@@ -231,24 +231,79 @@ async def test_audit_verify_and_scans_cover_every_primary(
     assert {e["job_id"] for e in feed} == set(jobs)
 
 
-async def test_tenant_feed_and_hints_are_best_effort(
-    gw: Gateway, upstream: Upstream, valkey_cluster: ValkeyCluster
+async def test_tenant_feed_is_best_effort(
+    make_gateway: Any,  # noqa: F811 (cluster_support's)
+    upstream: Upstream,
+    valkey_cluster: ValkeyCluster,
 ) -> None:
     """The feed (fg:audit:<t>) lives in another slot than the job: written in its own command
-    after the verdict. Its primary stopped, the verdicts still hold."""
+    after the verdict. Its primary stopped (for less than the node timeout: no failover, no
+    CLUSTERDOWN), the verdicts still hold."""
+    gw: Gateway = await make_gateway(redis={"timeout_seconds": 0.3, "replicas_acked": 0})
     feed_node = valkey_cluster.owner(key_slot_of("fg:audit:default"))
     job = next(
         j for p, j in jobs_on_distinct_primaries(valkey_cluster).items() if p != feed_node.port
     )
     assert (await gw.register(job, generation=2)).status == 201
+    assert (await gw.effect(job, "warm", 2)).status == 200  # connections open
     valkey_cluster.pause(feed_node)
     try:
-        stale = await asyncio.wait_for(gw.effect(job, "s", 1), 15)
-        assert stale.status == 409, await stale.text()  # a true 409 stays a 409
         ok = await asyncio.wait_for(gw.effect(job, "s", 2), 15)
-        assert ok.status == 200
+        stale = await asyncio.wait_for(gw.effect(job, "s", 1), 15)
     finally:
         valkey_cluster.resume(feed_node)
+    assert ok.status == 200
+    assert stale.status == 409, await stale.text()  # a true 409 stays a 409
     entries, _ = await gw.app[K.STORE].audit("default", job_id=job, limit=10, cursor=None)
     assert [e.reason for e in entries] == ["stale_generation"]  # the job's own stream has it
-    assert len(upstream.received) == 1
+    assert len(upstream.received) == 2
+
+
+async def test_replicas_acked_on_a_cluster_waits_per_primary(
+    make_gateway: Any,  # noqa: F811 (cluster_support's)
+    upstream: Upstream,
+    valkey_cluster: ValkeyCluster,
+) -> None:
+    """With replicas_acked = 1 each primary's batches end with their own acknowledgement: the
+    replica of one primary stopped, that shard's verdicts answer 503 (nothing dispatched), the
+    other shards' keep coming; resumed, the shard serves again."""
+    gw: Gateway = await make_gateway(redis={"replicas_acked": 1, "replica_ack_timeout_ms": 300})
+    jobs = jobs_on_distinct_primaries(valkey_cluster)
+    for job in jobs.values():
+        assert (await gw.register(job, generation=1)).status == 201
+        assert (await gw.effect(job, "before", 1)).status == 200
+    port, held = next(iter(jobs.items()))
+    (replica,) = valkey_cluster.replicas_of(valkey_cluster.node_by_port(port))
+    valkey_cluster.pause(replica)
+    try:
+        refused = await gw.effect(held, "during", 1)
+        others = [await gw.effect(j, "during", 1) for p, j in jobs.items() if p != port]
+    finally:
+        valkey_cluster.resume(replica)
+    assert refused.status == 503 and (await refused.json())["code"] == "store_unavailable"
+    assert [r.status for r in others] == [200, 200]
+    assert "during" not in {r.headers["Idempotency-Key"].split(":")[1] for r in upstream.received
+                            if r.headers["Idempotency-Key"].startswith(held)}  # fmt: skip
+    router = router_of(gw)
+    assert router.ack is not None and router.ack_failures is not None
+    assert router.ack_failures[0] >= 1
+    await asyncio.to_thread(valkey_cluster.wait_synced)
+    for _ in range(50):  # the admit that ran unacknowledged is given up, then it goes out
+        again = await gw.effect(held, "during", 1)
+        if again.status == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert again.status == 200, await again.text()
+
+
+def test_a_resent_script_carries_the_slot_counter_seen_by_then() -> None:
+    """The prelude's SEEN (ARGV[#ARGV - 1]) of a script sent again after a redirection or a
+    lost reply is the highest counter of its slot seen when it is re-sent, not when it was
+    first sent: a new owner behind a reply given meanwhile answers {8, 'behind'}."""
+    seen: dict[int, int] = {}
+    router = ClusterRouter([("127.0.0.1", 1)], {}, max_connections=1, slot_seen=seen)
+    command = ("EVALSHA", "sha", 2, "k1", "k2", "arg", "rid", "60000", "5", "")
+    seen[7] = 9
+    assert router._reseen(7, command) == (*command[:-2], "9", "")
+    seen[7] = 3  # never lowered below what the command already carried
+    assert router._reseen(7, command) == command

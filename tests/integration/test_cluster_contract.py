@@ -1,6 +1,7 @@
 """The contract suite on a 3+3 Valkey Cluster: every outcome row (test_effects), the relay
 (test_relay) and the concurrency tests (test_concurrency), unchanged, through a gateway with
-``[redis] cluster = true``; the fixtures of cluster_support replace the standalone ones."""
+``[redis] cluster = true`` and ``replicas_acked = 1``; the fixtures of cluster_support replace
+the standalone ones."""
 
 from __future__ import annotations
 
