@@ -9,6 +9,7 @@ marker missing, non-durable Redis, open gateway on a non-loopback address).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from gateway.cli.common import EXIT_CONFIG, EXIT_RUNTIME
 from gateway.cli.jobs import cmd_audit, cmd_job
 from gateway.cli.serve import cmd_serve
 from gateway.core.errors import FencegateError
+from gateway.objects import runtime_started
 from gateway.runtime.settings import NAME_RE, ConfigError
 
 if TYPE_CHECKING:
@@ -143,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _run(argv)
+    if argv is None and runtime_started():
+        # the process's own command line, and it used obstore, whose Rust runtime is never
+        # shut down and can abort the interpreter's finalization (SIGABRT after all the
+        # work is done; gateway.objects.store.runtime_started): everything is closed and
+        # written by now, so flush and leave without finalizing
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)

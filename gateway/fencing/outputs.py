@@ -50,6 +50,7 @@ from gateway.core.errors import (
     ObjectStoreUnavailable,
     OutputInProgress,
     PayloadTooLarge,
+    Rejection,
     RequestTimeout,
     StoreUnavailable,
     UploadUrlUnsupported,
@@ -199,7 +200,7 @@ class OutputService:
 
         try:
             async with asyncio.timeout(self.settings.upload_timeout_seconds):
-                info = await self.objects.put_stream(key, hashed(), content_type)
+                etag = await self.objects.put_stream(key, hashed(), content_type)
         except BaseException as exc:
             await self._abandon(keys, gen, name, upload)
             if isinstance(exc, _TooLarge):
@@ -216,7 +217,7 @@ class OutputService:
         self._crash("after_output_write")  # the object is written, not recorded
         entry = await self._record(
             keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
-            content_type=content_type, etag=info.etag,
+            content_type=content_type, etag=etag,
         )  # fmt: skip
         if entry is None:
             raise OutputInProgress(
@@ -276,9 +277,7 @@ class OutputService:
                     sha256=digest.hexdigest(), content_type=ctype or entry.content_type,
                     etag=info.etag,
                 )  # fmt: skip
-            except (StoreUnavailable, InternalError):
-                raise
-            except Exception as exc:  # refused by the fence: completion decides
+            except Rejection as exc:  # refused by the fence: the completion script decides
                 log.info("output_record_refused", job_id=job, name=name, reason=str(exc))
                 continue
             if recorded is not None:

@@ -14,6 +14,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Literal
 
+import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
@@ -24,12 +25,13 @@ from gateway.http import appkeys as K
 from gateway.http.models import iso_ms
 from gateway.http.parsing import _body, _generation, _job_as, _worker_id, respond
 from gateway.http.views import Route
-from gateway.objects import valid_output_name
+from gateway.objects import ObjectStoreError, valid_output_name
 from gateway.runtime.logging import bind
 
 __all__ = ["OUTPUTS", "OUTPUT_ROUTES", "OutputOut", "UploadUrlBody", "UploadUrlOut"]
 
 OUTPUTS = web.AppKey("outputs", OutputService)
+log = structlog.get_logger("fencegate.outputs")
 
 # a media type: type "/" subtype, then optional parameters; printable ASCII, bounded
 _TOKEN = r"[A-Za-z0-9!#$&^_.+-]{1,64}"
@@ -111,9 +113,7 @@ def _body_chunks(request: web.Request, idle: float) -> AsyncIterator[bytes]:
                     chunk = await request.content.readany()
             except TimeoutError:
                 raise RequestTimeout(f"no byte of the body arrived for {idle:g} s") from None
-            except (ConnectionError, OSError, ValueError) as exc:  # pragma: no cover
-                raise InvalidRequest(f"the body broke off: {type(exc).__name__}") from None
-            except Exception as exc:  # aiohttp's payload errors: the client went away
+            except Exception as exc:  # aiohttp's payload errors, a reset: the client went away
                 raise InvalidRequest(f"the body broke off: {type(exc).__name__}") from None
             if not chunk:
                 return
@@ -196,8 +196,13 @@ async def get_output(request: web.Request) -> web.StreamResponse:
         response.content_length = entry.size
         response.headers["ETag"] = f'"{entry.sha256}"'
     await response.prepare(request)
-    async for chunk in chunks:
-        await response.write(chunk)
+    try:
+        async for chunk in chunks:
+            await response.write(chunk)
+    except ObjectStoreError as exc:  # the head is sent: cut the body short (no problem doc)
+        log.error("output_read_broke_off", key=entry.key, error=str(exc))
+        response.force_close()
+        return response
     await response.write_eof()
     return response
 

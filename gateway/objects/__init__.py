@@ -13,6 +13,7 @@ from gateway.objects.store import (
     build_object_store,
     output_key,
     parse_output_key,
+    runtime_started,
     valid_output_name,
 )
 
@@ -24,5 +25,6 @@ __all__ = [
     "build_object_store",
     "output_key",
     "parse_output_key",
+    "runtime_started",
     "valid_output_name",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "build_object_store",
     "output_key",
     "parse_output_key",
+    "runtime_started",
     "valid_output_name",
 ]
 
@@ -46,6 +47,16 @@ _PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _KEY = re.compile(rf"({_PART})/({_PART})/g([1-9][0-9]{{0,15}})/({_PART})")
 
 Kind = Literal["file", "s3"]
+_runtime = {"started": False}  # set by the first async call into obstore (see runtime_started)
+
+
+def runtime_started() -> bool:
+    """Whether this process made an async call into obstore. Its Rust runtime (tokio, through
+    pyo3-async-runtimes) is never shut down: a worker thread of it can touch Python while the
+    interpreter finalizes, which aborts the process (SIGABRT) after all the work is done. A
+    command that used it leaves with ``os._exit`` once everything is flushed and closed
+    (gateway/__main__.py)."""
+    return _runtime["started"]
 
 
 class ObjectStoreError(Exception):
@@ -107,12 +118,12 @@ class ObjectStore:
     def can_sign(self) -> bool:
         return self.kind == "s3"
 
-    async def put_stream(
-        self, key: str, chunks: AsyncIterator[bytes], content_type: str
-    ) -> ObjectInfo:
-        """Stream ``chunks`` to ``key`` (replacing what is there). An exception raised by the
-        iterator propagates unchanged after the partial upload is abandoned (no object)."""
+    async def put_stream(self, key: str, chunks: AsyncIterator[bytes], content_type: str) -> str:
+        """Stream ``chunks`` to ``key`` (replacing what is there); returns the new etag. An
+        exception raised by the iterator propagates unchanged after the partial upload is
+        abandoned: no object is left (a multipart upload aborted, a staging file removed)."""
         attributes: Any = {"Content-Type": content_type} if self.kind == "s3" else None
+        _runtime["started"] = True
         try:
             result = await obstore.put_async(
                 self._store, self.prefix + key, chunks, attributes=attributes,
@@ -120,12 +131,10 @@ class ObjectStore:
             )  # fmt: skip
         except (ObstoreBaseError, OSError) as exc:
             raise ObjectStoreError(f"object store put failed: {exc}") from exc
-        meta = await self.head(key)
-        if meta is None:  # pragma: no cover - the store just acknowledged it
-            raise ObjectStoreError(f"object {key} vanished right after its put")
-        return ObjectInfo(meta.key, meta.size, meta.last_modified, result.get("e_tag") or "")
+        return str(result.get("e_tag") or "")
 
     async def head(self, key: str) -> ObjectInfo | None:
+        _runtime["started"] = True
         try:
             meta = await obstore.head_async(self._store, self.prefix + key)
         except FileNotFoundError:
@@ -141,6 +150,7 @@ class ObjectStore:
         ``if_match``: the etag recorded for it; another version raises
         :class:`PreconditionFailed` (the object was replaced behind the gateway's back)."""
         options: Any = {"if_match": if_match} if if_match else None
+        _runtime["started"] = True
         try:
             result = await obstore.get_async(self._store, self.prefix + key, options=options)
         except FileNotFoundError:
@@ -164,6 +174,7 @@ class ObjectStore:
     async def delete(self, key: str) -> bool:
         """Delete ``key``; idempotent (a missing object is not an error). True if it existed
         as far as the store tells (S3 does not tell: always True there)."""
+        _runtime["started"] = True
         try:
             await obstore.delete_async(self._store, self.prefix + key)
         except FileNotFoundError:
@@ -174,6 +185,7 @@ class ObjectStore:
 
     async def list(self, under: str = "") -> AsyncIterator[ObjectInfo]:
         """Every object under ``under`` (a key prefix below the store's prefix)."""
+        _runtime["started"] = True
         try:
             async for batch in obstore.list(self._store, self.prefix + under, chunk_size=1000):
                 for meta in batch:
@@ -187,6 +199,7 @@ class ObjectStore:
         """A pre-signed URL for ``method`` on ``key``, valid ``seconds`` (S3 only)."""
         if not isinstance(self._store, S3Store):
             raise ObjectStoreError("only an S3 store signs URLs")
+        _runtime["started"] = True
         try:
             return await obstore.sign_async(
                 self._store, method, self.prefix + key, timedelta(seconds=seconds)

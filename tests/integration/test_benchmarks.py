@@ -54,7 +54,7 @@ def test_a_short_bench_measures_every_row(tmp_path: Path) -> None:
     ]
     for name, r in rows.items():
         assert r["rps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"], name
-        if name.startswith(("G", "L2", "L3", "L4", "L5")):  # a server process was measured
+        if name.startswith(("G", "O", "L2", "L3", "L4", "L5", "L6")):  # a server was measured
             # CPU time comes in clock ticks (10 ms): a 300-request row may show none
             assert r["server_cpu_s_per_1000"] >= 0 and r["server_peak_rss_mb"] > 0, name
     assert rows["G1 effect, accepted (--workers 2)"]["gateway_workers"] == 2

@@ -173,6 +173,16 @@ async def test_cancelled_job_refuses_uploads_and_its_objects_are_swept(
     assert objects.stored() == {}
 
 
+async def test_upload_fails_closed_on_a_wiped_redis(
+    ogw: Any, objects: Objects, redis_sync: redis.Redis
+) -> None:
+    gen = await register(ogw)
+    redis_sync.flushall()  # the durability markers are gone: the stage decides nothing
+    resp = await put(ogw, gen, b"no fence to check")
+    assert resp.status == 503 and (await resp.json())["code"] == "store_unavailable"
+    assert objects.stored() == {}  # not one byte went out
+
+
 async def test_sweeper_fails_closed_on_a_wiped_redis(
     ogw: Any, objects: Objects, redis_sync: redis.Redis
 ) -> None:
