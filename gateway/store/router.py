@@ -193,6 +193,15 @@ class ClusterRouter:
         )
         return all(r in ("PONG", b"PONG", True) for r in replies)
 
+    async def acknowledging(self) -> dict[str, bool]:
+        """replicas_acked: per primary, whether a batch there is acknowledged now (a ``PING``
+        through its acknowledged batcher: its covering write, ``WAIT``, ``WAITAOF``)."""
+        nodes = await self.primaries()
+        replies = await asyncio.gather(
+            *(self._node(n).submit(("PING",), None) for n in nodes), return_exceptions=True
+        )
+        return {n: r in ("PONG", b"PONG", True) for n, r in zip(nodes, replies, strict=True)}
+
     async def aclose(self) -> None:
         self._closed = True
         if self._refresh is not None:

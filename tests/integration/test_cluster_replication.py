@@ -135,3 +135,26 @@ async def test_cluster_loss_scenario_with_r1_never_acknowledges_what_it_loses(
     assert fence == 1  # the promoted replica never got it either
     assert zombie == 409  # the re-registration was acknowledged: the zombie is refused
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["j:s1"]
+
+
+async def test_readyz_names_the_shard_whose_replica_does_not_acknowledge(
+    cluster: ValkeyCluster, gateways: Any
+) -> None:
+    gw: Gateway = await gateways("a", 1)  # ready: every shard acknowledges
+    primary = await asyncio.to_thread(cluster.owner, key_slot("default/j"))
+    replica = (await asyncio.to_thread(cluster.replicas_of, primary))[0]
+    cluster.pause(replica)
+    try:
+        resp = await gw.client.get("/readyz")
+        checks = (await resp.json())["checks"]
+        shards = {k: v for k, v in checks.items() if k.startswith("replicas_acked ")}
+        assert resp.status == 503 and checks["replicas_acked"] is False
+        assert len(shards) == 3 and [k for k, ok in shards.items() if not ok] == [
+            f"replicas_acked 127.0.0.1:{primary.port}"
+        ], shards
+    finally:
+        cluster.resume(replica)
+    deadline = time.monotonic() + 20
+    while (await gw.client.get("/readyz")).status != 200:
+        assert time.monotonic() < deadline, "not ready again after the replica came back"
+        await asyncio.sleep(0.2)
