@@ -390,17 +390,17 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     async def admit_raw(i: int, prefix: str = "s") -> None:  # a new step each: a real write
         tk, ta = trailer(f"a{prefix}{i}")
         await client.evalsha(
-            admit_sha, 7, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
-            keys.relayq, *tk, "1", "required", "0" * 64, "hook", "send", f"a{prefix}{i}",
-            "30000", "3600", "0", keys.job_id, f"{prefix}{i}", "", "default", "",
-            keys.member(f"{prefix}{i}"), *ta,
+            admit_sha, 8, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
+            keys.relayq, keys.needs, *tk, "1", "required", "0" * 64, "hook", "send",
+            f"a{prefix}{i}", "30000", "3600", "0", keys.job_id, f"{prefix}{i}", "", "default",
+            "", keys.member(f"{prefix}{i}"), "", *ta,
         )  # fmt: skip
 
     async def record_raw(i: int) -> None:
         tk, ta = trailer(f"r{i}")
         await client.evalsha(
-            record_sha, 4, keys.effect(f"s{i}"), keys.relayq, *tk, f"as{i}", "succeeded",
-            '{"ok":true}', "", "3600", keys.member(f"s{i}"), "0", *ta,
+            record_sha, 5, keys.effect(f"s{i}"), keys.relayq, keys.needs, *tk, f"as{i}",
+            "succeeded", '{"ok":true}', "", "3600", keys.member(f"s{i}"), "0", *ta,
         )  # fmt: skip
 
     rows.append(await measure("L1 raw EVALSHA admit", n, concurrency, admit_raw))

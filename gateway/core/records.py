@@ -46,6 +46,7 @@ class EffectRecord:
     created_at_ms: int
     attempts: int
     worker_id: str | None
+    resolved_by: str | None = None  # an operator resolution: the key's name, else its role
 
     @classmethod
     def from_flat(cls, flat: Sequence[str]) -> EffectRecord:
@@ -65,6 +66,7 @@ class EffectRecord:
             created_at_ms=int(h.get("created_at") or 0),
             attempts=int(h.get("attempts") or 0),
             worker_id=h.get("worker_id") or None,
+            resolved_by=h.get("resolved_by") or None,
         )
 
 
@@ -159,6 +161,7 @@ class AuditEntry:
     current: int | None
     worker_id: str | None
     adapter: str | None
+    by: str | None = None  # an operator resolution: the key's name, else its role
 
     @classmethod
     def from_fields(cls, entry_id: str, f: dict[str, str]) -> AuditEntry:
@@ -172,6 +175,7 @@ class AuditEntry:
             current=int(f["current"]) if f.get("current") else None,
             worker_id=f.get("worker_id") or None,
             adapter=f.get("adapter") or None,
+            by=f.get("by") or None,
         )
 
 

@@ -78,6 +78,7 @@ class CompletionService:
         outputs: Sequence[str],
         result: Any,
         worker_id: str | None,
+        by: str = "",
     ) -> Completion:
         check_output_names(outputs)
         sha = body_sha(outputs, result)
@@ -97,6 +98,7 @@ class CompletionService:
                 body_sha=sha,
                 worker_id=worker_id,
                 request_id=request_id,
+                by=by,
             )
 
         try:

@@ -113,8 +113,10 @@ class OutputService:
         presigned: bool,
         content_type: str,
         seconds: float,
+        by: str = "",
     ) -> tuple[str, str, int]:
-        """The stage decision; ``(upload id, key, deadline ms)`` or the typed refusal."""
+        """The stage decision; ``(upload id, key, deadline ms)`` or the typed refusal. ``by``:
+        who calls, recorded with an implicit registration."""
         key = output_key(keys.tenant, keys.job_id, gen, name)
         upload = secrets.token_hex(8)
         reply = await self.store.script(
@@ -123,7 +125,7 @@ class OutputService:
             (keys.job, keys.outputs, keys.audit),
             (str(gen), self._registration, name, key, upload, str(int(seconds * 1000)),
              "1" if presigned else "0", keys.job_id, keys.tenant, worker_id, self._retention,
-             content_type),
+             content_type, by),
         )  # fmt: skip
         code = int(reply[0])
         if code == 9:
@@ -175,6 +177,7 @@ class OutputService:
         content_type: str,
         content_length: int | None,
         worker_id: str = "",
+        by: str = "",
     ) -> OutputEntry:
         """Stage, stream ``body`` to the attempt-scoped key (hashing it), record."""
         limit = self.settings.max_bytes
@@ -182,7 +185,7 @@ class OutputService:
             raise PayloadTooLarge(f"an output may be at most {limit} bytes")
         upload, key, _ = await self._stage(
             keys, gen, name, worker_id, presigned=False, content_type=content_type,
-            seconds=self.settings.upload_timeout_seconds,
+            seconds=self.settings.upload_timeout_seconds, by=by,
         )  # fmt: skip
         digest = hashlib.sha256()
         total = 0
@@ -226,8 +229,9 @@ class OutputService:
         return entry
 
     async def upload_url(
-        self, keys: JobKeys, gen: int, name: str, *, content_type: str, worker_id: str = ""
-    ) -> tuple[str, str, int]:
+        self, keys: JobKeys, gen: int, name: str, *, content_type: str, worker_id: str = "",
+        by: str = "",
+    ) -> tuple[str, str, int]:  # fmt: skip
         """The same stage decision, then a pre-signed PUT URL: ``(url, key, expires ms)``."""
         if not self.objects.can_sign:
             raise UploadUrlUnsupported(
@@ -237,7 +241,7 @@ class OutputService:
         seconds = min(self.settings.upload_timeout_seconds, 7 * 86_400)
         _, key, deadline = await self._stage(
             keys, gen, name, worker_id, presigned=True, content_type=content_type,
-            seconds=seconds,
+            seconds=seconds, by=by,
         )  # fmt: skip
         try:
             url = await self.objects.sign("PUT", key, seconds)

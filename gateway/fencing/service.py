@@ -59,8 +59,11 @@ class EffectService(Relaying):
         payload: Mapping[str, Any],
         worker_id: str | None,
         respond_async: bool = False,
+        by: str = "",
     ) -> EffectResult:
-        """Perform a step now, or (``respond_async``) record it for the relay and return."""
+        """Perform a step now, or (``respond_async``) record it for the relay and return.
+        ``by``: who calls (the key's name, else its role), recorded with an implicit
+        registration."""
         adapter = self.adapter(adapter_name, keys.tenant)
         try:
             adapter.validate(operation, payload)
@@ -80,6 +83,7 @@ class EffectService(Relaying):
             worker_id=worker_id or "",
             resolvable=adapter.capabilities.can_resolve,
             payload_json=payload_json,
+            by=by,
         )
         self._crash("after_admit")
         if isinstance(verdict, Queued):

@@ -242,7 +242,20 @@ def create_app(
                 except Exception as exc:  # a failed sweep is tried again next interval
                     log.warning("output_sweep_failed", error=str(exc))
 
-        tickers = [asyncio.create_task(t()) for t in (epochs, marks, sweeps)]
+        async def attention() -> None:  # the "needs a decision" hints (gateway.store.attention)
+            every = settings.fencing.attention_reconcile_seconds
+            while True:
+                await asyncio.sleep(every)  # not at start: the hints outlive a restart
+                try:
+                    # one gateway of the deployment per interval
+                    if await store.needs.take_turn(int(every * 1000)):
+                        await store.reconcile_attention()
+                except StoreUnavailable:
+                    pass
+                except Exception:  # never let the reconciler stop for good
+                    log.exception("attention_reconcile_failed")
+
+        tickers = [asyncio.create_task(t()) for t in (epochs, marks, sweeps, attention)]
         if settings.redis.replicas_acked:  # the replication topology, checked periodically
 
             def topology(report: Topology) -> None:

@@ -25,6 +25,12 @@ ROLES = ("worker", "scheduler", "auditor", "admin")
 class Principal:
     role: str
     tenant: str
+    name: str = ""  # the key's optional name ([[auth.keys]] name)
+
+    @property
+    def who(self) -> str:
+        """Who acted, for the audit chain and records: the key's name, else its role."""
+        return self.name or self.role
 
     def require(self, *roles: str) -> None:
         if self.role != "admin" and self.role not in roles:
@@ -46,7 +52,7 @@ class Authenticator:
                 digest = bytes.fromhex(key.sha256)
             else:
                 raise ValueError(f"auth.keys[{i}] needs sha256 or key_env")
-            self._keys.append((digest, Principal(key.role, key.tenant)))
+            self._keys.append((digest, Principal(key.role, key.tenant, key.name)))
 
     @property
     def open(self) -> bool:

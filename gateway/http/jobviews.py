@@ -21,6 +21,7 @@ from gateway.http.parsing import (
     _body,
     _generation,
     _job,
+    _job_as,
     _name,
     _parse_json,
     _worker_id,
@@ -70,13 +71,13 @@ async def _checkpoint_value(request: web.Request) -> Any:
 
 
 async def put_checkpoint(request: web.Request) -> web.Response:
-    keys = _job(request, "worker")
+    keys, principal = _job_as(request, "worker")
     name = _checkpoint_name(request)
     worker_id = _worker_id(request)
     value = await _checkpoint_value(request)
     gen = await _generation(request, keys, step=f"checkpoint:{name}", worker_id=worker_id)
     at = await request.app[K.JOBSTATE].checkpoint(
-        keys, name, canonical_json(value), generation=gen, worker_id=worker_id
+        keys, name, canonical_json(value), generation=gen, worker_id=worker_id, by=principal.who
     )
     return respond(checkpoint_out(keys.job_id, Checkpoint(name, gen, value, worker_id, at)))
 
@@ -100,12 +101,17 @@ async def list_checkpoints(request: web.Request) -> web.Response:
 
 
 async def complete_job(request: web.Request) -> web.Response:
-    keys = _job(request, "worker")
+    keys, principal = _job_as(request, "worker")
     worker_id = _worker_id(request)
     body: CompleteBody = await _body(request, CompleteBody, empty_ok=True)
     gen = await _generation(request, keys, step="job:complete", worker_id=worker_id)
     done = await request.app[K.COMPLETION].complete(
-        keys, generation=gen, outputs=body.outputs, result=body.result, worker_id=worker_id
+        keys,
+        generation=gen,
+        outputs=body.outputs,
+        result=body.result,
+        worker_id=worker_id,
+        by=principal.who,
     )
     bind(outcome="replayed" if done.replayed else "completed")
     headers = {"Idempotent-Replayed": "true"} if done.replayed else None

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from gateway.core.tokens import MAX_GENERATION
 
 __all__ = [
+    "AttentionItemOut",
+    "AttentionPageOut",
     "AuditEntryOut",
     "AuditPageOut",
     "CancelOut",
@@ -140,6 +142,7 @@ class EffectRecordOut(BaseModel):
     worker_id: str | None
     created_at: str | None
     updated_at: str | None
+    resolved_by: str | None = None  # an operator resolution: the key's name, else its role
 
 
 class CheckpointOut(BaseModel):
@@ -226,10 +229,33 @@ class AuditEntryOut(BaseModel):
     current: int | None
     worker_id: str | None
     adapter: str | None
+    by: str | None = None  # an operator resolution: the key's name, else its role
 
 
 class AuditPageOut(BaseModel):
     items: list[AuditEntryOut]
+    next_cursor: str | None
+
+
+class AttentionItemOut(BaseModel):
+    """A step that needs an operator's decision."""
+
+    job_id: str
+    step: str
+    state: Literal["unknown", "dispatching"]  # dispatching: past its deadline
+    since: str | None  # when it became unknown, or when its dispatch deadline passed
+    age_ms: int
+    deadline: str | None
+    generation: int
+    adapter: str
+    operation: str
+    attempts: int
+    worker_id: str | None
+    last_error: Any = None
+
+
+class AttentionPageOut(BaseModel):
+    items: list[AttentionItemOut]
     next_cursor: str | None
 
 

@@ -123,7 +123,7 @@ def _body_chunks(request: web.Request, idle: float) -> AsyncIterator[bytes]:
 
 
 async def put_output(request: web.Request) -> web.Response:
-    keys, _ = _job_as(request, "worker")
+    keys, principal = _job_as(request, "worker")
     name = _output_name(request)
     worker_id = _worker_id(request)
     content_type = _media_type(request.headers.get("Content-Type"))
@@ -133,7 +133,7 @@ async def put_output(request: web.Request) -> web.Response:
     try:
         entry = await service.put(
             keys, gen, name, _body_chunks(request, idle), content_type=content_type,
-            content_length=request.content_length, worker_id=worker_id or "",
+            content_length=request.content_length, worker_id=worker_id or "", by=principal.who,
         )  # fmt: skip
     except FencegateError as exc:
         # the rest of an unread body is aiohttp's to discard after the answer (bounded by
@@ -148,14 +148,14 @@ put_output.streams_body = True  # type: ignore[attr-defined]
 
 
 async def upload_url(request: web.Request) -> web.Response:
-    keys, _ = _job_as(request, "worker")
+    keys, principal = _job_as(request, "worker")
     name = _output_name(request)
     worker_id = _worker_id(request)
     body: UploadUrlBody = await _body(request, UploadUrlBody, empty_ok=True)
     content_type = _media_type(body.content_type)
     gen = await _generation(request, keys, step=f"output:{name}", worker_id=worker_id)
     url, key, deadline = await request.app[OUTPUTS].upload_url(
-        keys, gen, name, content_type=content_type, worker_id=worker_id or ""
+        keys, gen, name, content_type=content_type, worker_id=worker_id or "", by=principal.who
     )
     out = UploadUrlOut(
         job_id=keys.job_id, name=name, generation=gen, key=key, url=url,

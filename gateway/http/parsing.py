@@ -186,6 +186,7 @@ def _record_out(job_id: str, step: str, r: EffectRecord) -> EffectRecordOut:
         worker_id=r.worker_id,
         created_at=iso_ms(r.created_at_ms),
         updated_at=iso_ms(r.updated_at_ms),
+        resolved_by=r.resolved_by,
     )
 
 

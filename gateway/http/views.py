@@ -14,9 +14,12 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from gateway.core.errors import Forbidden, InvalidRequest, NotFound
+from gateway.fencing.resolution import resolve_step
 from gateway.http import appkeys as K
+from gateway.http.attention import get_attention
 from gateway.http.jobout import job_state_out
 from gateway.http.models import (
+    AttentionPageOut,
     AuditEntryOut,
     AuditPageOut,
     CancelOut,
@@ -71,9 +74,11 @@ class Route:
 
 
 async def register_generation(request: web.Request) -> web.Response:
-    keys = _job(request, "scheduler")
+    keys, principal = _job_as(request, "scheduler")
     body: RegisterBody = await _body(request, RegisterBody, empty_ok=True)
-    reg = await request.app[K.STORE].register(keys, body.generation, body.lease_ms)
+    reg = await request.app[K.STORE].register(
+        keys, body.generation, body.lease_ms, by=principal.who
+    )
     bind(generation=reg.generation)
     request.app[K.METRICS].registrations.labels("created" if reg.created else "current").inc()
     signer = request.app[K.SIGNER]
@@ -88,10 +93,10 @@ async def register_generation(request: web.Request) -> web.Response:
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    keys = _job(request, "worker")
+    keys, principal = _job_as(request, "worker")
     worker_id = _worker_id(request)
     gen = await _generation(request, keys, worker_id=worker_id)
-    _, lease = await request.app[K.STORE].heartbeat(keys, gen, worker_id or "")
+    _, lease = await request.app[K.STORE].heartbeat(keys, gen, worker_id or "", by=principal.who)
     out = HeartbeatOut(
         job_id=keys.job_id, generation=gen, current=True, lease_expires_at=iso_ms(lease)
     )
@@ -99,7 +104,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 
 async def perform_effect(request: web.Request) -> web.Response:
-    keys = _job(request, "worker")
+    keys, principal = _job_as(request, "worker")
     step = _step(request)
     worker_id = _worker_id(request)
     body: EffectBody = await _body(request, EffectBody)
@@ -115,6 +120,7 @@ async def perform_effect(request: web.Request) -> web.Response:
         payload=body.payload,
         worker_id=worker_id,
         respond_async=respond_async,
+        by=principal.who,
     )
     bind(outcome="replayed" if res.replayed else res.state)
     if res.state in ("pending", "dispatching"):  # accepted for the relay
@@ -156,11 +162,9 @@ async def resolve_effect(request: web.Request) -> web.Response:
     keys, principal = _job_as(request, "auditor")
     step = _step(request)
     body: ResolveBody = await _body(request, ResolveBody)
-    if body.outcome == "not_delivered" and body.result is not None:
-        raise InvalidRequest("a result only goes with outcome 'delivered'")
-    record = await request.app[K.STORE].resolve(
-        keys, step, delivered=body.outcome == "delivered", result=body.result,
-        operator=f"operator:{principal.role}",
+    record = await resolve_step(
+        request.app[K.STORE], keys, step, delivered=body.outcome == "delivered",
+        result=body.result, role=principal.role, by=principal.who,
     )  # fmt: skip
     return respond(_record_out(keys.job_id, step, record))
 
@@ -220,6 +224,7 @@ async def audit_rejections(request: web.Request) -> web.Response:
             current=e.current,
             worker_id=e.worker_id,
             adapter=e.adapter,
+            by=e.by,
         )
         for e in entries
     ]
@@ -338,6 +343,16 @@ ROUTES: tuple[Route, ...] = (
         roles=("auditor",),
         responses={200: AuditPageOut},
         query=("job", "limit", "cursor"),
+        problems=(400, 401, 403, 503),
+    ),
+    Route(
+        "GET",
+        "/v1/attention",
+        get_attention,
+        "Steps that need an operator's decision: outcome unknown, or dispatching past the deadline",
+        roles=("auditor",),
+        responses={200: AttentionPageOut},
+        query=("limit", "cursor"),
         problems=(400, 401, 403, 503),
     ),
     Route("GET", "/healthz", healthz, "The process is up", responses={200: HealthOut}),

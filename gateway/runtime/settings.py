@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # use with fullmatch: "$" takes a "\n"
+# [[auth.keys]] name: letters, digits and . _ - @ (an e-mail address fits), at most 64
+KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _HOST_ENTRY = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
 _ORIGIN = re.compile(r"https?://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
 
@@ -177,6 +179,9 @@ class FencingSettings(_Section):
     # every slot's queue again (finds a step whose hint was lost in a crash).
     relay_per_tenant: Annotated[int, Field(ge=1, le=1000)] = 16
     relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    # How often every gateway rebuilds the tenants' "needs a decision" hints from the slots'
+    # indexes (a hint lost in a crash; a dispatch that passed its deadline shows up then).
+    attention_reconcile_seconds: Annotated[float, Field(gt=0, le=3600)] = 15.0
 
 
 class CheckpointSettings(_Section):
@@ -243,6 +248,16 @@ class AuthKey(_Section):
     sha256: str = ""
     key_env: str = ""
     tenant: str = "default"
+    # Who holds the key (a person or a system): recorded as `by` with registrations and
+    # operator resolutions. Unset: the role is recorded.
+    name: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _key_name(cls, v: str) -> str:
+        if v and not KEY_NAME_RE.fullmatch(v):
+            raise ValueError(f"name must match {KEY_NAME_RE.pattern}")
+        return v
 
     @field_validator("sha256")
     @classmethod

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from gateway.core.errors import StoreUnavailable
 from gateway.store import durability, scripts, statefile
 from gateway.store.anchors import note_audit
+from gateway.store.attention import NeedsIndex
 from gateway.store.batching import Batcher, NotSent
 from gateway.store.cluster import all_markers, is_cluster, router_for
 from gateway.store.keys import (
@@ -90,6 +91,7 @@ class StoreBase:
         # the problems of the last replication topology check (gateway.store.topology); None:
         # not checked (replicas_acked 0)
         self.topology_problems: list[str] | None = None
+        self.needs = NeedsIndex(self)  # the "needs a decision" index (gateway.store.attention)
 
     async def aclose(self) -> None:
         """Finish the pipelined batches in flight and close their connections."""
@@ -108,6 +110,10 @@ class StoreBase:
     @property
     def client(self) -> aioredis.Redis:
         return self._client
+
+    @property
+    def retention_ms(self) -> int:
+        return self._retention_ms
 
     # -- plumbing ------------------------------------------------------------
 

@@ -126,8 +126,10 @@ class JobState:
         *,
         generation: int,
         worker_id: str | None,
+        by: str = "",
     ) -> int:
-        """Write a checkpoint under the fence; returns when (ms, Redis's clock)."""
+        """Write a checkpoint under the fence; returns when (ms, Redis's clock). ``by``: who
+        calls, recorded with an implicit registration."""
         store = self._store
         reply = await store._run(
             "checkpoint-3",
@@ -143,6 +145,7 @@ class JobState:
                 keys.job_id,
                 keys.tenant,
                 self._retention,
+                by,
             ),
         )
         if int(reply[0]) == 9:
@@ -166,6 +169,7 @@ class JobState:
         body_sha: str,
         worker_id: str | None,
         request_id: str | None = None,
+        by: str = "",
     ) -> Completion:
         """The fenced completion (see ``complete-3.lua``). ``request_id``: the same one on a
         re-send of a call whose reply was lost (it answers what it answered)."""
@@ -184,6 +188,7 @@ class JobState:
                 keys.job_id,
                 keys.tenant,
                 self._retention,
+                by,
             ),
             request_id=request_id,
         )

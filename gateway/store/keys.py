@@ -30,6 +30,18 @@ so the tag is unambiguous.
                         admit, read by the relay (fair across tenants). A hint lost
                         in a crash is found again by the sweep of every slot queue.
 ``fg:relay:tenants``    set of the tenants that have hints.
+``fg:nd:{<s>}``         the "needs a decision" index of one slot: sorted set of
+                        ``[tenant, job, step]``; a step whose outcome is unknown
+                        (score: when it became unknown) or that is dispatching
+                        (score: its deadline). Written by every script that changes
+                        a step's state, atomically with it. The truth.
+``fg:nd:t:<t>``         per tenant: a hint of the entries of every slot that need a
+                        decision now (unknown, or dispatching past the deadline);
+                        written after the verdict, rebuilt by the reconciler from the
+                        slots' indexes. Read by ``GET /v1/attention`` and the console.
+``fg:nd:tenants``       set of the tenants that have such hints.
+``fg:nd:turn``          the gateway that reconciles the hints this interval (SET NX PX).
+``fg:chain:t:<t>``      per tenant: the summary of the last audit chain check (JSON).
 ``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
                         the one a gateway last saw came back from an older snapshot.
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
@@ -51,11 +63,16 @@ from dataclasses import dataclass
 __all__ = [
     "EPOCH",
     "MARKER",
+    "NEEDS_TENANTS",
+    "NEEDS_TURN",
     "RELAY_TENANTS",
     "SLOTS",
     "JobKeys",
     "audit_feed",
+    "chain_check",
     "key_slot",
+    "needs_hint",
+    "needs_index",
     "relay_hint",
     "relay_queue",
     "slot_marker",
@@ -65,6 +82,8 @@ __all__ = [
 MARKER = "fg:marker"
 EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
 RELAY_TENANTS = "fg:relay:tenants"  # set: tenants with relay hints
+NEEDS_TENANTS = "fg:nd:tenants"  # set: tenants with "needs a decision" hints
+NEEDS_TURN = "fg:nd:turn"  # which gateway reconciles the hints this interval (SET NX PX)
 PREFIX = "fg:"
 SLOTS = 16384
 
@@ -102,6 +121,19 @@ def relay_hint(tenant: str) -> str:
     return "fg:relay:t:" + tenant
 
 
+def needs_index(slot: int) -> str:
+    """The "needs a decision" index of one slot (written by the scripts of its jobs)."""
+    return "fg:nd:{" + slot_tags()[slot] + "}"
+
+
+def needs_hint(tenant: str) -> str:
+    return "fg:nd:t:" + tenant
+
+
+def chain_check(tenant: str) -> str:
+    return "fg:chain:t:" + tenant
+
+
 @dataclass(frozen=True, slots=True)
 class JobKeys:
     """The keys of one job of one tenant."""
@@ -126,6 +158,11 @@ class JobKeys:
     def relayq(self) -> str:
         """The relay queue in this job's slot."""
         return relay_queue(self.slot)
+
+    @property
+    def needs(self) -> str:
+        """The "needs a decision" index in this job's slot."""
+        return needs_index(self.slot)
 
     def member(self, step: str) -> str:
         """This step's member in the relay queue and the tenant's hint."""

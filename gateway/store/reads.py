@@ -10,7 +10,7 @@ from gateway.core.records import (
     EffectRecord,
     JobView,
 )
-from gateway.store import durability
+from gateway.store import durability, overview
 from gateway.store.base import StoreBase
 from gateway.store.keys import (
     JobKeys,
@@ -65,15 +65,56 @@ class StoreReads(StoreBase):
     async def audit(
         self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None
     ) -> tuple[list[AuditEntry], str | None]:
-        """Rejections newest first; returns (entries, next cursor)."""
+        """Rejections (and resolutions) newest first; returns (entries, next cursor). A job's
+        chain also holds its registrations (``event`` entries): left out here."""
         key = JobKeys(tenant, job_id).audit if job_id else audit_feed(tenant)
         end = f"({cursor}" if cursor else "+"
+        entries: list[AuditEntry] = []
+        more = False
+        while True:
+
+            async def read(end: str = end) -> list[tuple[str, dict[str, str]]]:
+                rows = await self._client.xrevrange(key, max=end, min="-", count=limit + 1)
+                return rows  # type: ignore[return-value]  # decode_responses=True: str
+
+            rows = await self._guard(read)
+            for i, f in rows:
+                if "event" in f:
+                    continue
+                if len(entries) == limit:
+                    more = True
+                    break
+                entries.append(AuditEntry.from_fields(i, f))
+            if more or len(rows) <= limit:
+                break
+            end = f"({rows[-1][0]}"
+        return entries, (entries[-1].id if more and entries else None)
+
+    async def history(self, keys: JobKeys, *, limit: int = 10_000) -> list[dict[str, str]]:
+        """Every entry of the job's audit chain, oldest first, as stored (``id`` added):
+        rejections, registrations (``event``), resolutions; the chain fields included."""
 
         async def read() -> list[tuple[str, dict[str, str]]]:
-            rows = await self._client.xrevrange(key, max=end, min="-", count=limit + 1)
+            rows = await self._client.xrange(keys.audit, count=limit)
             return rows  # type: ignore[return-value]  # decode_responses=True: str
 
-        rows = await self._guard(read)
-        entries = [AuditEntry.from_fields(i, f) for i, f in rows[:limit]]
-        next_cursor = entries[-1].id if len(rows) > limit else None
-        return entries, next_cursor
+        return [{"id": i, **f} for i, f in await self._guard(read)]
+
+    # -- "needs a decision" (gateway.store.attention) ----------------------------------
+
+    async def attention(
+        self, tenant: str, *, limit: int, after: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The tenant's unknown steps and dispatches past their deadline, oldest first; each
+        item's ``cursor`` pages on (``after``). ValueError for a malformed ``after``."""
+        return await self.needs.listing(tenant, limit=limit, after=after)
+
+    async def overview(self, tenant: str, *, now_ms: int) -> dict[str, Any]:
+        """Counts for the console's overview (see :func:`gateway.store.overview.overview`)."""
+        return await overview.overview(self.needs, tenant, now_ms=now_ms)
+
+    async def record_chain_check(self, tenant: str, summary: dict[str, Any]) -> None:
+        await overview.record_chain_check(self.needs, tenant, summary)
+
+    async def reconcile_attention(self, now_ms: int | None = None) -> dict[str, int]:
+        return await self.needs.reconcile(now_ms)

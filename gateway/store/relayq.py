@@ -110,7 +110,7 @@ class RelayQueue(StoreBase):
         reply = await self._run(
             "relay-4",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq),
+            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
             (
                 dispatch_id,
                 self._dispatch_timeout_ms,
@@ -132,4 +132,6 @@ class RelayQueue(StoreBase):
             return int(reply[1])
         if reply[2]:
             await self._copy_to_feed(keys, str(reply[2]))
+        if reply[1] == "unknown":
+            await self.needs.hint(keys, step)
         return str(reply[1])

@@ -42,6 +42,7 @@ SCRIPT_NAMES = (
     # attempt-scoped outputs (gateway.fencing.outputs)
     "output-stage-3",
     "output-record-3",
+    "reindex-2",
 )
 # Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
 _UNAVAILABLE_PREFIXES = (

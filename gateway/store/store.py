@@ -53,6 +53,7 @@ from gateway.core.records import (
 )
 from gateway.core.tokens import MAX_GENERATION
 from gateway.store import scripts
+from gateway.store.anchors import note_audit
 from gateway.store.keys import JobKeys
 from gateway.store.reads import StoreReads
 from gateway.store.relayq import RelayQueue
@@ -99,6 +100,8 @@ _DETAILS = {
     "bad_token": "the fencing token is not valid",
     "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
+
+_REGISTERED_LAST = {0: 7, 2: 3, 4: 3}  # admit-5 replies ending with a registration's audit id
 
 
 class Store(RelayQueue, StoreReads):
@@ -149,8 +152,9 @@ class Store(RelayQueue, StoreReads):
         return _REJECTIONS[reason](detail, **fields)
 
     async def register(
-        self, keys: JobKeys, generation: int | None, lease_ms: int | None
+        self, keys: JobKeys, generation: int | None, lease_ms: int | None, *, by: str = ""
     ) -> Registration:
+        """Register a generation (a new one is audited with ``by``, who registered it)."""
         reply = await self._run(
             "register-2",
             keys,
@@ -162,15 +166,18 @@ class Store(RelayQueue, StoreReads):
                 keys.tenant,
                 self._retention,
                 str(MAX_GENERATION),
+                by,
             ),
         )
         if int(reply[0]) == 9:
             raise await self._rejected(keys, reply)
+        if len(reply) > 3:
+            note_audit(self.audit_touched, keys, str(reply[3]))
         lease = int(reply[2])
         return Registration(int(reply[1]), lease or None, created=int(reply[0]) == 0)
 
     async def heartbeat(
-        self, keys: JobKeys, generation: int, worker_id: str
+        self, keys: JobKeys, generation: int, worker_id: str, *, by: str = ""
     ) -> tuple[int, int | None]:
         reply = await self._run(
             "heartbeat-2",
@@ -183,10 +190,13 @@ class Store(RelayQueue, StoreReads):
                 worker_id,
                 keys.tenant,
                 self._retention,
+                by,
             ),
         )
         if int(reply[0]) == 9:
             raise await self._rejected(keys, reply, worker_id=worker_id)
+        if len(reply) > 3 and reply[3]:  # an implicit registration
+            note_audit(self.audit_touched, keys, str(reply[3]))
         return int(reply[1]), (int(reply[2]) or None)
 
     async def reject(
@@ -212,13 +222,14 @@ class Store(RelayQueue, StoreReads):
         )
 
     async def resolve(
-        self, keys: JobKeys, step: str, *, delivered: bool, result: Any, operator: str
+        self, keys: JobKeys, step: str, *, delivered: bool, result: Any, operator: str, by: str
     ) -> EffectRecord:
-        """Record an operator's finding for an ``unknown`` step (audited)."""
+        """Record an operator's finding for an ``unknown`` step (audited; ``operator`` is the
+        entry's worker_id, ``by`` the key's name, else its role)."""
         reply = await self._run(
             "resolve-4",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq),
+            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
             (
                 "delivered" if delivered else "not_delivered",
                 "" if result is None else json.dumps(result, separators=(",", ":")),
@@ -228,6 +239,7 @@ class Store(RelayQueue, StoreReads):
                 self._retention,
                 operator,
                 keys.member(step),
+                by or operator,
             ),
         )
         code = int(reply[0])
@@ -244,7 +256,9 @@ class Store(RelayQueue, StoreReads):
             step=step,
             reason=f"operator_resolved_{outcome}",
             worker_id=operator,
+            by=by or operator,
         )
+        await self.needs.unhint(keys, step)
         record = await self.effect(keys, step)
         assert record is not None
         return record
@@ -274,6 +288,7 @@ class Store(RelayQueue, StoreReads):
         resolvable: bool,
         payload_json: str = "",
         dispatch_id: str | None = None,
+        by: str = "",
     ) -> AdmitVerdict:
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
 
@@ -284,7 +299,7 @@ class Store(RelayQueue, StoreReads):
         reply = await self._run(
             "admit-5",
             keys,
-            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq),
+            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
             (
                 str(generation),
                 self._registration,
@@ -301,10 +316,13 @@ class Store(RelayQueue, StoreReads):
                 keys.tenant,
                 payload_json,
                 keys.member(step),
+                by,
             ),
             request_id=dispatch_id,
         )
         code = int(reply[0])
+        if len(reply) == _REGISTERED_LAST.get(code) and reply[-1]:  # implicit registration
+            note_audit(self.audit_touched, keys, str(reply[-1]))
         if code == 0:
             if reply[5]:
                 await self._copy_to_feed(keys, str(reply[5]))
@@ -314,7 +332,9 @@ class Store(RelayQueue, StoreReads):
         if code == 2:
             return InProgress(int(reply[1]))
         if code == 3:
-            return Unknown(EffectRecord.from_flat(reply[1:]))
+            unknown = EffectRecord.from_flat(reply[1:])
+            await self.needs.hint(keys, step, unknown.updated_at_ms)
+            return Unknown(unknown)
         if code == 4:
             if reply[1]:
                 await self._copy_to_feed(keys, str(reply[1]))
@@ -333,9 +353,11 @@ class Store(RelayQueue, StoreReads):
         reply = await self._run(
             "void-3",
             keys,
-            (keys.effect(step), keys.relayq, keys.req(dispatch_id)),
-            (dispatch_id, self._retention),
+            (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.needs),
+            (dispatch_id, self._retention, keys.member(step)),
         )
+        if reply[1] == "unknown":
+            await self.needs.hint(keys, step)
         return str(reply[1])
 
     async def record(
@@ -356,7 +378,7 @@ class Store(RelayQueue, StoreReads):
         reply = await self._run(
             "record-2",
             keys,
-            (keys.effect(step), keys.relayq),
+            (keys.effect(step), keys.relayq, keys.needs),
             (
                 dispatch_id,
                 state,
@@ -370,4 +392,6 @@ class Store(RelayQueue, StoreReads):
         )
         if int(reply[0]) != 0:
             return False, None
+        if state == "unknown":
+            await self.needs.hint(keys, step)
         return True, (int(reply[1]) if reply[1] else None)

@@ -131,7 +131,8 @@ async def test_lua_hmac_matches_python_for_every_key_length(
         assert fields["hash"] != chain_hash(items)  # not the unkeyed SHA-1
     code, out = await verify(redis_url, "--anchors", os.devnull, key=key)
     assert code == 0, out
-    assert f"1 jobs, 2 entries, intact; keyed (kid {key_id(key)})" in out
+    # the registration and the two rejections
+    assert f"1 jobs, 3 entries, intact; keyed (kid {key_id(key)})" in out
 
 
 async def test_altering_one_field_of_a_keyed_entry_is_detected(
@@ -175,7 +176,7 @@ async def test_unkeyed_chain_rehashed_by_a_forger_passes_verify(
     rewrite(redis_sync, forged)
     redis_sync.hset(JOB, mapping={"audit_head": forged[-1][1]["hash"]})
     code, out = await verify(redis_url, "--anchors", "/nonexistent", key=None)
-    assert code == 0 and "3 entries, intact; unkeyed" in out
+    assert code == 0 and "4 entries, intact; unkeyed" in out
     assert "unkeyed chain: detects accidental damage only" in out
 
 
@@ -185,7 +186,8 @@ async def test_wrong_key_fails_every_entry(
     gw = await gateway(make_gateway)
     await rejections(gw, 2)
     code, out = await verify(redis_url, "--anchors", "/nonexistent", key="another-key-16-bytes!")
-    assert code == 1 and out.count("entry altered (its HMAC does not match)") == 2
+    # the registration and both rejections
+    assert code == 1 and out.count("entry altered (its HMAC does not match)") == 3
 
 
 async def test_a_short_audit_key_is_refused(
@@ -218,18 +220,19 @@ async def test_deleting_anchored_newest_entries_and_resetting_the_head_is_detect
     path = anchor_file(gw)
     newest_id = redis_sync.xrevrange(STREAM, count=1)[0][0]
     anchor = await anchored(path, newest_id)
-    assert anchor["head"] == redis_sync.hget(JOB, "audit_head") and anchor["count"] == 4
+    # the registration and four rejections
+    assert anchor["head"] == redis_sync.hget(JOB, "audit_head") and anchor["count"] == 5
     assert anchor["kid"] == key_id(KEY) and anchor["mac"] == anchor_mac(anchor, KEY)
 
-    rows = await truncate(redis_sync, keep=2)
+    rows = await truncate(redis_sync, keep=3)
 
     # the chain alone cannot see it (what 867f32f's verify was limited to) ...
     code, out = await verify(redis_url, "--anchors", "/nonexistent")
-    assert code == 0 and "2 entries, intact" in out
+    assert code == 0 and "3 entries, intact" in out
     # ... the anchor can
     code, out = await verify(redis_url, "--anchors", str(path))
     assert code == 1, out
-    assert f"BROKEN  {STREAM}: anchored entry {rows[3][0]} missing" in out
+    assert f"BROKEN  {STREAM}: anchored entry {rows[4][0]} missing" in out
     assert "anchors: " in out and " checked" in out
 
 
@@ -279,10 +282,11 @@ async def test_entries_deleted_before_the_anchor_was_taken_are_noticed(
     await gw.client.close()  # the shutdown anchor
     path = anchor_file(gw)
     [anchor] = anchors(path)
-    assert anchor["entry"] == rows[0][0] and anchor["seen"] == rows[2][0]
+    # rows: the registration, then three rejections; only the registration is left
+    assert anchor["entry"] == rows[0][0] and anchor["seen"] == rows[3][0]
     code, out = await verify(redis_url, "--anchors", str(path))
     assert code == 1, out
-    assert f"{STREAM}: entry {rows[2][0]}, written through the gateway, missing" in out
+    assert f"{STREAM}: entry {rows[3][0]}, written through the gateway, missing" in out
 
 
 async def test_torn_or_malformed_anchor_lines_are_reported(
@@ -312,15 +316,15 @@ async def test_entries_newer_than_the_last_anchor_can_be_deleted_undetected(
     await rejections(first, 2)
     await first.client.close()  # shutdown anchors the heads of its last interval
     path = anchor_file(first)
-    assert [a["count"] for a in anchors(path)] == [2]
+    assert [a["count"] for a in anchors(path)] == [3]  # the registration, two rejections
 
     second = await gateway(make_gateway, interval=3600)  # its next anchor is an hour away
-    await rejections(second, 2, start=2)
-    await truncate(redis_sync, keep=2)
+    await rejections(second, 2, start=2)  # generation 5 is current already: no new entry
+    await truncate(redis_sync, keep=3)
 
     code, out = await verify(redis_url, "--anchors", str(path))
     assert code == 0, out  # not detected: the limitation, asserted
-    assert "2 entries, intact" in out and "anchors: 1 checked" in out
+    assert "3 entries, intact" in out and "anchors: 1 checked" in out
     assert "not detectable: deleting a job's entries newer than its newest anchor" in out
 
 
@@ -391,7 +395,8 @@ def test_two_worker_processes_append_whole_anchors_to_one_file(
     env = {**os.environ, ENV: KEY}
     verified = subprocess_run(["audit", "verify", "--config", str(cfg)], env, tmp_path)
     assert verified.returncode == 0, verified.stdout
-    assert f"24 jobs, 24 entries, intact; keyed (kid {key_id(KEY)})" in verified.stdout
+    # per job its registration and one rejection
+    assert f"24 jobs, 48 entries, intact; keyed (kid {key_id(KEY)})" in verified.stdout
     assert f"anchors: {len(lines)} checked" in verified.stdout
     # the gateway's own log is an anchor source too
     log = tmp_path / "serve.log"
@@ -422,6 +427,6 @@ async def test_unkeyed_chain_is_said_to_be_unkeyed(
     assert "mac" not in anchor and anchor["kid"] == ""
     code, out = await verify(redis_url, "--anchors", str(anchor_file(gw)), key=None)
     assert code == 0, out
-    assert "1 jobs, 2 entries, intact; unkeyed" in out
+    assert "1 jobs, 3 entries, intact; unkeyed" in out
     assert "unkeyed chain: detects accidental damage only" in out
     assert "note: anchor MACs not checked (no key)" in out

@@ -36,13 +36,14 @@ async def rejections(gw: Gateway, n: int) -> None:
 async def test_chain_is_intact_and_linked(gw: Gateway, redis_sync: Any, redis_url: str) -> None:
     await rejections(gw, 4)
     entries = redis_sync.xrange(STREAM)
-    assert len(entries) == 4
+    assert len(entries) == 5  # the registration of generation 5, then the four rejections
+    assert entries[0][1]["event"] == "registered" and entries[0][1]["generation"] == "5"
     assert entries[0][1]["prev"] == ""
     for (_, before), (_, after) in itertools.pairwise(entries):
         assert after["prev"] == before["hash"]
     assert redis_sync.hget("fg:{default/r}:job", "audit_head") == entries[-1][1]["hash"]
     code, out = await verify(redis_url)
-    assert code == 0 and "2 jobs, 5 entries, intact" in out
+    assert code == 0 and "2 jobs, 7 entries, intact" in out  # q: its registration, one rejection
 
 
 async def test_deleted_middle_entry_is_detected(

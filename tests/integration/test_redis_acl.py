@@ -8,6 +8,7 @@ from typing import Any
 
 import redis
 
+from gateway.http import appkeys as K
 from tests.conftest import Gateway, Upstream
 
 ROOT = Path(__file__).parents[2]
@@ -41,6 +42,15 @@ async def test_documented_acl_user_runs_the_gateway(
         assert (await gw.heartbeat("r", 2)).status == 200
         assert (await gw.client.get("/v1/jobs/r")).status == 200
         assert len(await gw.audit()) == 1
+        # the "needs a decision" side: an unknown step, the reconciler, listing, the overview
+        upstream.behaviour = 500
+        assert (await gw.effect("r", "u", 2)).status == 504
+        upstream.behaviour = "ok"
+        store = gw.app[K.STORE]
+        assert (await store.reconcile_attention())["hinted"] == 1
+        assert [i["step"] for i in await store.attention("default", limit=5)] == ["u"]
+        await store.record_chain_check("default", {"at_ms": 1, "jobs": 1, "entries": 1})
+        assert (await store.overview("default", now_ms=2**41))["open_unknowns"] == 1
         assert (await gw.client.post("/v1/jobs/r/cancel")).status == 200
         # and the user really is limited
         user = redis.Redis.from_url(limited)
@@ -55,7 +65,7 @@ async def test_documented_acl_user_runs_the_gateway(
         except redis.exceptions.NoPermissionError:
             pass
         user.close()
-        assert len(upstream.received) == 1
+        assert len(upstream.received) == 2
         await gw.client.close()  # the shutdown anchors what the interval left
         anchors = (Path(gw.settings.redis.data_dir) / "audit-anchors.jsonl").read_text()
         assert '"job_id":"r"' in anchors  # the anchorer's reads (MULTI, XLEN) are allowed

@@ -54,7 +54,7 @@ from gateway.core.errors import (
 from gateway.core.intents import intent_digest
 from gateway.core.records import Admitted, InProgress, Queued, RelayClaim, Replay
 from gateway.core.records import Unknown as UnknownVerdict
-from gateway.store.keys import JobKeys, relay_hint
+from gateway.store.keys import JobKeys, needs_hint, relay_hint
 from gateway.store.store import Store
 
 TENANT, JOB = "t", "j"
@@ -278,10 +278,12 @@ def writes_audit(script: str, reply: list[Any]) -> bool:
     code = int(reply[0])
     if code == 9:  # every rejection is audited by the script that decided it
         return True
-    if script == "admit-5" and code == 0:  # a superseded pending step
-        return bool(reply[5])
+    if script == "admit-5" and code == 0:  # a superseded pending step, a registration
+        return bool(reply[5] or reply[6])
     if script == "admit-5" and code == 4:
-        return bool(reply[1])
+        return bool(reply[1] or reply[2])
+    if script == "register-2" and code == 0:  # a new generation: recorded in the chain
+        return True
     if script == "relay-4" and code == 3:  # released as superseded / lease_expired
         return bool(reply[2])
     return script == "resolve-4" and code == 0  # operator_resolved_<outcome>
@@ -404,6 +406,9 @@ class Driver:
             "audit": [(i, _pairs(f)) for i, f in content(KEYS.audit, [])],
             "queue": _zset(content(KEYS.relayq, [])),  # the truth: per-slot relay queue
             "hints": _zset(content(relay_hint(TENANT), [])),
+            # the "needs a decision" index of the slot (the truth) and the tenant's hint
+            "needs": _zset(content(KEYS.needs, [])),
+            "needs_hints": _zset(content(needs_hint(TENANT), [])),
             "fx": {s: _pairs(content(KEYS.effect(s), [])) for s in self.steps},
             "keys": keys,
         }
@@ -466,6 +471,8 @@ class Driver:
             d = self.r.hget(KEYS.effect(s), "deadline")
             if d is not None and deadline_class(d) == "live":
                 self.r.hset(KEYS.effect(s), "deadline", "1")
+                if self.r.zscore(KEYS.needs, KEYS.member(s)) is not None:  # scored by it
+                    self.r.zadd(KEYS.needs, {KEYS.member(s): 1})
         for z in (KEYS.relayq, relay_hint(TENANT)):
             for m, sc in self.r.zrange(z, 0, -1, withscores=True):
                 if sc > t:
@@ -726,7 +733,7 @@ class Driver:
         result = {"n": 1} if delivered else None
         try:
             rec = await self.store.resolve(
-                KEYS, step, delivered=delivered, result=result, operator="op"
+                KEYS, step, delivered=delivered, result=result, operator="op", by="op"
             )
         except StoreUnavailable:
             return Effects(f"resolve {step} {outcome}: 503")

@@ -146,6 +146,7 @@ class Explorer:
         return World(
             tuple(locals_),
             acks=frozenset({("fence", 1)}),
+            audit_expected=1,  # the registration of generation 1 (Driver.setup)
             faults=self.scn.faults,
             crashes=self.scn.crashes,
             advances=self.scn.advances,

@@ -119,11 +119,28 @@ def i_honest(c: Ctx) -> str | None:
 
 
 def i_audit(c: Ctx) -> str | None:
-    """Exactly one audit entry per rejecting call (and per operator resolution): a re-sent
-    call counts once."""
+    """Exactly one audit entry per rejecting call (and per operator resolution and new
+    registration): a re-sent call counts once."""
     n = len(c.raw["audit"])
     if n != c.audit_expected:
         return f"the job's audit stream has {n} entries for {c.audit_expected} audited calls"
+    return None
+
+
+def i_index(c: Ctx) -> str | None:
+    """The slot's "needs a decision" index holds exactly the steps whose outcome is unknown
+    or that are dispatching, a dispatching one scored by its deadline (issue 17: every
+    script that changes a step's state keeps it, atomically, on every path)."""
+    indexed = {_queue_step(m): sc for m, sc in c.raw["needs"]}
+    for step, h in c.raw["fx"].items():
+        state = h.get("state")
+        if state in ("unknown", "dispatching") and step not in indexed:
+            return f"{step} is {state} and not in the slot's index", f"{state}, not indexed"
+        if state not in ("unknown", "dispatching") and step in indexed:
+            return f"{step} is {state or '(gone)'} and still indexed", f"{state}, indexed"
+        if state == "dispatching" and indexed[step] != float(h.get("deadline") or 0):
+            msg = f"{step} is dispatching until {h.get('deadline')}, indexed at {indexed[step]}"
+            return msg, "dispatching, indexed at another deadline"
     return None
 
 
@@ -194,6 +211,7 @@ ON_STEP: dict[str, Check] = {
     "I-durable": i_durable,
     "I-honest": i_honest,
     "I-audit": i_audit,
+    "I-index": i_index,
     "I-resend": i_resend,
 }
 AT_QUIESCENCE: dict[str, Check] = {"I-live": i_live}

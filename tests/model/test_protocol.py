@@ -83,3 +83,21 @@ def test_the_exploration_is_reproducible() -> None:
         b[0].transitions,
         b[0].checks,
     )
+
+
+@pytest.mark.timeout(600)
+def test_mutation_record_without_the_index_update() -> None:
+    """Issue 17: a recorded outcome that leaves the step in the "needs a decision" index is
+    found (the index is checked after every step, I-index)."""
+    line = "index(KEYS[3], ARGV[6], state, fmt(now))\n"
+    (rep,) = explore([ZOMBIE], mutate=[("record-2", line, "")])
+    assert found(rep, "I-index", "succeeded, indexed"), render([rep])
+
+
+@pytest.mark.timeout(600)
+def test_mutation_relay_claim_without_the_index_update() -> None:
+    """A relay claim that does not index its dispatch: a relay that dies holding the step
+    would never show up as "dispatching past its deadline" (I-index)."""
+    line = "index(KEYS[5], member, 'dispatching', fmt(deadline))\n"
+    (rep,) = explore([TAKEOVER], mutate=[("relay-4", line, "")])
+    assert found(rep, "I-index", "dispatching, not indexed"), render([rep])

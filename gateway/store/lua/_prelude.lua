@@ -123,6 +123,20 @@ local function audit(stream, job, retention, now, fields)
   return id
 end
 
+-- The "needs a decision" index of this slot (fg:nd:{<s>}, the job's slot): a sorted set of
+-- queue members [tenant, job, step], holding every step whose outcome is unknown (score:
+-- when it became unknown) or that is dispatching (score: its deadline). So ZRANGEBYSCORE
+-- -inf <now> finds exactly the steps an operator may have to decide: every unknown, and
+-- every dispatch past its deadline. Every script that changes a step's state calls this with
+-- the new state, atomically with the change (the per-tenant hint is written after it).
+local function index(key, member, state, score)
+  if state == 'unknown' or state == 'dispatching' then
+    redis.call('ZADD', key, score, member)
+  else
+    redis.call('ZREM', key, member)
+  end
+end
+
 local function run_script(body)
   local prior = redis.call('GET', REQ_KEY)
   local reply

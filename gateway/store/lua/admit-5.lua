@@ -8,6 +8,7 @@
     KEYS[3] job audit stream  fg:{t/j}:audit
     KEYS[4] job steps set     fg:{t/j}:steps
     KEYS[5] relay queue of this slot  fg:rq:{<s>}   (member: ARGV[15])
+    KEYS[6] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[15])
     ARGV[1]  generation presented (decimal)
     ARGV[2]  registration mode: 'required' | 'implicit'
     ARGV[3]  intent sha256 (hex)
@@ -21,15 +22,17 @@
     ARGV[14] '' for a synchronous call; the payload JSON for an async call (Prefer:
              respond-async): the intent is recorded 'pending' and queued for a relay
     ARGV[15] the relay queue member of this step (JSON [tenant, job, step])
+    ARGV[16] who calls (the key's name, else its role): recorded with an implicit registration
 
   Output:
-    {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id}
+    {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
                              admitted: the caller holds the step (resolving = '1': the step
                              was unknown and is looked up first)
     {1, field, value, ...}   replay: the recorded effect (succeeded | failed)
-    {2, retry_after_ms}      another dispatch holds the step
+    {2, retry_after_ms, registered_audit_id}   another dispatch holds the step
     {3, field, value, ...}   outcome unknown and the adapter cannot resolve it
-    {4, superseded_audit_id} async: recorded 'pending' and queued for the relay
+    {4, superseded_audit_id, registered_audit_id}
+                             async: recorded 'pending' and queued for the relay
     {5, field, value, ...}   async repeat: the relay has the step already (pending or dispatching)
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
     {10}                     voided: the gateway gave this request up before it ran
@@ -43,6 +46,12 @@
   sent: the current generation supersedes it (audited as 'superseded') and pins
   its own intent. The stored async payload always belongs to the pinned intent
   (payload_sha); a synchronous pin drops it and the queue entry.
+
+  Implicit registration mode raises the fence to a higher generation presented: that is a
+  registration, recorded in the job's audit chain ('event' = 'registered', by ARGV[16]);
+  registered_audit_id names it ('' when nothing was registered; the replies carrying the
+  effect record leave it out, the job's next audit entry anchors it).
+  Every state change of the step updates the slot's "needs a decision" index (index()).
 ]]
 local gen = tonumber(ARGV[1])
 local now = now_ms()
@@ -50,6 +59,7 @@ local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
 local fence = tonumber(job[1]) or 0
 local member = ARGV[15]
 local raised = false  -- implicit mode raised the fence: a read-only answer is a write too
+local registered = ''  -- the audit entry of that registration
 
 -- an answer that changed nothing, unless the fence was raised on the way
 local function answer(reply)
@@ -76,6 +86,9 @@ if gen > fence then
   -- implicit mode: classic highest-seen fencing; a new generation has no lease
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
   redis.call('PERSIST', KEYS[1])  -- a fence never expires
+  registered = audit(KEYS[3], KEYS[1], ARGV[8], now, {
+    'tenant', ARGV[13], 'job_id', ARGV[10], 'event', 'registered', 'generation', ARGV[1],
+    'previous', fmt(fence), 'by', ARGV[16], 'mode', 'implicit', 'worker_id', ARGV[12]})
   fence = gen
   raised = true
 else
@@ -110,8 +123,9 @@ local function claim(resolving)
     redis.call('HDEL', KEYS[2], 'result', 'error')
   end
   redis.call('HINCRBY', KEYS[2], 'attempts', 1)
+  index(KEYS[6], member, 'dispatching', fmt(deadline))
   touch()
-  return done({0, ARGV[6], fmt(fence), fmt(deadline), resolving, superseded})
+  return done({0, ARGV[6], fmt(fence), fmt(deadline), resolving, superseded, registered})
 end
 
 local function enqueue()
@@ -121,8 +135,9 @@ local function enqueue()
     'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[12])
   redis.call('HDEL', KEYS[2], 'result', 'error', 'dispatch_id', 'deadline', 'resolving')
   redis.call('ZADD', KEYS[5], now, member)
+  index(KEYS[6], member, 'pending')
   touch()
-  return done({4, superseded})
+  return done({4, superseded, registered})
 end
 
 local function pin()
@@ -153,7 +168,7 @@ if fx[2] ~= ARGV[3] then return reject('intent_mismatch', fx[2]) end
 if state == 'pending' then
   -- the relay has it: an async repeat is accepted again, a sync call waits
   if ARGV[14] ~= '' then return answer({5, unpack(redis.call('HGETALL', KEYS[2]))}) end
-  return answer({2, '1000'})
+  return answer({2, '1000', registered})
 end
 
 local marked = false
@@ -166,13 +181,14 @@ if state == 'dispatching' then
     if ARGV[14] ~= '' and fx[6] == '1' and tonumber(fx[5]) == gen then
       return answer({5, unpack(redis.call('HGETALL', KEYS[2]))})
     end
-    return answer({2, fmt(deadline - now)})
+    return answer({2, fmt(deadline - now), registered})
   end
   -- the holder died or stalled past its deadline: the outcome is not known
   redis.call('HSET', KEYS[2], 'state', 'unknown', 'updated_at', fmt(now),
     'error', '{"reason":"dispatch deadline passed without a recorded outcome"}')
   redis.call('HDEL', KEYS[2], 'payload', 'payload_sha', 'relay')
   redis.call('ZREM', KEYS[5], member)
+  index(KEYS[6], member, 'unknown', fmt(now))
   state = 'unknown'
   marked = true
 end

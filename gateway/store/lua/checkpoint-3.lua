@@ -13,6 +13,8 @@
     ARGV[5] worker id as a JSON string, or 'null'
     ARGV[6] worker id as sent ('' if none, for the audit entry)
     ARGV[7] job id   ARGV[8] tenant   ARGV[9] retention, seconds
+    ARGV[10] who calls (the key's name, else its role; '' when not given): recorded with an
+             implicit registration (the fence raised in implicit mode: 'event' = 'registered')
 
   The stored field: {"generation":g,"value":<json>,"worker":<string|null>,"at_ms":ms},
   written as text here so the value's numbers are never re-encoded by Lua.
@@ -46,6 +48,9 @@ if gen > fence then
   -- implicit mode: classic highest-seen fencing; a new generation has no lease
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
   redis.call('PERSIST', KEYS[1])  -- a fence never expires
+  audit(KEYS[3], KEYS[1], ARGV[9], now, {
+    'tenant', ARGV[8], 'job_id', ARGV[7], 'event', 'registered', 'generation', ARGV[1],
+    'previous', fmt(fence), 'by', ARGV[10] or '', 'mode', 'implicit', 'worker_id', ARGV[6]})
   fence = gen
 else
   local lease_exp = tonumber(job[3]) or 0

@@ -15,6 +15,8 @@
     ARGV[5] output names, a JSON array of strings (checked by the gateway: names, unique)
     ARGV[6] worker id ('' if none, for the audit entry)
     ARGV[7] job id   ARGV[8] tenant   ARGV[9] retention, seconds
+    ARGV[10] who calls (the key's name, else its role; '' when not given): recorded with an
+             implicit registration (the fence raised in implicit mode: 'event' = 'registered')
 
   The job hash's field 'completed' (written as text, never re-encoded by Lua):
     {"generation":g,"at_ms":ms,"result":<json>,"outputs":{"<name>":{"generation":g,
@@ -59,6 +61,9 @@ if gen > fence then
   -- implicit mode: classic highest-seen fencing; a new generation has no lease
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
   redis.call('PERSIST', KEYS[1])  -- a fence never expires
+  audit(KEYS[3], KEYS[1], ARGV[9], now, {
+    'tenant', ARGV[8], 'job_id', ARGV[7], 'event', 'registered', 'generation', ARGV[1],
+    'previous', fmt(fence), 'by', ARGV[10] or '', 'mode', 'implicit', 'worker_id', ARGV[6]})
   fence = gen
   raised = true
 else

@@ -8,9 +8,13 @@
     ARGV[2] registration mode: 'required' | 'implicit'
     ARGV[3] job id   ARGV[4] worker id ('' if none)   ARGV[5] tenant
     ARGV[6] retention, seconds
+    ARGV[7] who calls (the key's name, else its role): recorded with an implicit registration
 
   Output:
-    {0, fence, lease_exp_ms}   current; lease extended by its lease_ms ('0': no lease)
+    {0, fence, lease_exp_ms, registered_audit_id}   current; lease extended by its lease_ms
+                               ('0': no lease). Implicit mode raising the fence is a
+                               registration, in the job's audit chain like register-2's
+                               (registered_audit_id; '' when nothing was registered)
     {9, reason, presented, current, audit_id, ''}   rejected and audited
       (job_cancelled, stale_generation, job_completed, unregistered_generation,
        lease_expired)
@@ -35,7 +39,10 @@ if gen > fence then
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0', 'lease_ms', '')
   redis.call('PERSIST', KEYS[1])  -- a fence never expires
-  return done({0, ARGV[1], '0'})
+  local id = audit(KEYS[2], KEYS[1], ARGV[6], now, {
+    'tenant', ARGV[5], 'job_id', ARGV[3], 'event', 'registered', 'generation', ARGV[1],
+    'previous', fmt(fence), 'by', ARGV[7], 'mode', 'implicit', 'worker_id', ARGV[4]})
+  return done({0, ARGV[1], '0', id})
 end
 local lease_exp = tonumber(job[3]) or 0
 if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end

@@ -15,6 +15,8 @@
     ARGV[7]  '1' for a presigned upload (the bytes bypass the gateway), else '0'
     ARGV[8]  job id   ARGV[9] tenant   ARGV[10] worker id ('' if none)
     ARGV[11] retention, seconds (audit stream)   ARGV[12] declared content type
+    ARGV[13] who calls (the key's name, else its role; '' when not given): recorded with an
+             implicit registration (the fence raised in implicit mode: 'event' = 'registered')
 
   Output:
     {0, fence, deadline_ms}                     staged: write the bytes now
@@ -47,6 +49,9 @@ if gen > fence then
   if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
   redis.call('PERSIST', KEYS[1])  -- a fence never expires
+  audit(KEYS[3], KEYS[1], ARGV[11], now, {
+    'tenant', ARGV[9], 'job_id', ARGV[8], 'event', 'registered', 'generation', ARGV[1],
+    'previous', fmt(fence), 'by', ARGV[13] or '', 'mode', 'implicit', 'worker_id', ARGV[10]})
   fence = gen
   raised = true
 else

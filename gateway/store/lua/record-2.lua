@@ -6,6 +6,7 @@
   Input (the prelude's trailer follows):
     KEYS[1] effect hash   fg:{t/j}:fx:<step>
     KEYS[2] relay queue of this slot  fg:rq:{<s>}
+    KEYS[3] "needs a decision" index of this slot  fg:nd:{<s>}
     ARGV[1] dispatch id returned by admit or the relay's claim
     ARGV[2] new state: 'succeeded' | 'failed' | 'unknown' | 'released'
     ARGV[3] result JSON ('' for none)
@@ -20,7 +21,8 @@
 
   An outcome drops the stored payload and the queue entry, except a relay dispatch
   that ended 'released' (known not delivered): it stays queued for another attempt,
-  which re-checks the fence when it claims.
+  which re-checks the fence when it claims. The step leaves the slot's "needs a decision"
+  index, or (unknown) stays in it, scored from now.
 ]]
 local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'relay')
 if fx[1] ~= ARGV[1] or (fx[2] ~= 'dispatching' and fx[2] ~= 'unknown') then
@@ -29,6 +31,7 @@ end
 local now = now_ms()
 local state = ARGV[2]
 redis.call('HSET', KEYS[1], 'state', state, 'updated_at', fmt(now), 'deadline', '0')
+index(KEYS[3], ARGV[6], state, fmt(now))
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[4]) end
 -- an outcome is the whole story: no error left over from an earlier attempt

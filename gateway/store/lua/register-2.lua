@@ -8,9 +8,12 @@
     ARGV[2] lease, ms ('' for no lease)
     ARGV[3] job id   ARGV[4] tenant   ARGV[5] retention, seconds
     ARGV[6] largest allowed generation (2^53 - 1)
+    ARGV[7] who registers (the key's name, else its role)
 
   Output:
-    {0, generation, lease_exp_ms}   registered (lease_exp_ms '0' when no lease)
+    {0, generation, lease_exp_ms, audit_id}   registered (lease_exp_ms '0' when no lease);
+                                    recorded in the job's audit chain: 'event' = 'registered',
+                                    'generation', 'previous' (the fence it replaced), 'by'
     {1, generation, lease_exp_ms}   that generation was already current (idempotent retry)
     {9, reason, presented, current, audit_id, ''}   rejected and audited
       (job_cancelled, job_completed, generation_exhausted, generation_regression)
@@ -47,4 +50,7 @@ if ARGV[2] ~= '' then lease_exp = fmt(now + tonumber(ARGV[2])) end
 redis.call('HSET', KEYS[1], 'fence', fmt(gen), 'lease_ms', ARGV[2], 'lease_exp', lease_exp,
   'registered_at', fmt(now))
 redis.call('PERSIST', KEYS[1])  -- a fence never expires
-return done({0, fmt(gen), lease_exp})
+local id = audit(KEYS[2], KEYS[1], ARGV[5], now, {
+  'tenant', ARGV[4], 'job_id', ARGV[3], 'event', 'registered', 'generation', fmt(gen),
+  'previous', fmt(fence), 'by', ARGV[7], 'lease_ms', ARGV[2]})
+return done({0, fmt(gen), lease_exp, id})

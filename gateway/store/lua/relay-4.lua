@@ -7,6 +7,7 @@
     KEYS[2] job hash          fg:{t/j}:job
     KEYS[3] job audit stream  fg:{t/j}:audit
     KEYS[4] relay queue of this slot  fg:rq:{<s>}
+    KEYS[5] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[4])
     ARGV[1] dispatch id (= this call's request id)   ARGV[2] dispatch timeout, ms
     ARGV[3] retention, seconds   ARGV[4] queue member (JSON [tenant, job, step])
     ARGV[5] job id   ARGV[6] step   ARGV[7] tenant
@@ -22,6 +23,7 @@
   The claim re-checks, atomically, what the admit checked: the job is not cancelled,
   the step's generation is the fence, its lease has not run out, and the stored
   payload belongs to the pinned intent. A step that fails a check is never sent.
+  Every state change of the step updates the slot's "needs a decision" index (index()).
 ]]
 local now = now_ms()
 local member = ARGV[4]
@@ -42,6 +44,7 @@ if state == 'dispatching' then
   redis.call('HSET', KEYS[1], 'state', 'unknown', 'updated_at', fmt(now),
     'error', '{"reason":"dispatch deadline passed without a recorded outcome"}')
   redis.call('HDEL', KEYS[1], 'payload', 'payload_sha', 'relay')
+  index(KEYS[5], member, 'unknown', fmt(now))
   return leave('unknown')
 end
 -- pending, or released by an earlier relay attempt (payload kept): claim it
@@ -54,6 +57,7 @@ local function release(reason, why, audit_reason, current)
     'error', cjson.encode({reason = reason}))
   redis.call('HDEL', KEYS[1], 'payload', 'payload_sha', 'relay')
   redis.call('EXPIRE', KEYS[1], ARGV[3])
+  index(KEYS[5], member, 'released')
   local id = ''
   if audit_reason then
     id = audit(KEYS[3], KEYS[2], ARGV[3], now, {
@@ -88,6 +92,7 @@ redis.call('HSET', KEYS[1], 'state', 'dispatching', 'dispatch_id', ARGV[1],
   'deadline', fmt(deadline), 'updated_at', fmt(now), 'resolving', '0')
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+index(KEYS[5], member, 'dispatching', fmt(deadline))
 -- stays queued until the outcome is recorded: a relay that dies is found again at the deadline
 redis.call('ZADD', KEYS[4], deadline, member)
 return done({0, ARGV[1], fx[3], fx[4], fx[5], fx[6], fmt(deadline)})

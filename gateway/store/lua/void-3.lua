@@ -6,7 +6,9 @@
     KEYS[1] effect hash   fg:{t/j}:fx:<step>
     KEYS[2] relay queue of this slot  fg:rq:{<s>}
     KEYS[3] the admit's request key   fg:{t/j}:req:<admit's request id>
+    KEYS[4] "needs a decision" index of this slot  fg:nd:{<s>}
     ARGV[1] the admit's dispatch id (its request id)   ARGV[2] retention, seconds
+    ARGV[3] queue member (JSON [tenant, job, step])
 
   Output:
     {0, 'voided'}    the admit had not run: it never will (it finds {10} remembered)
@@ -15,6 +17,8 @@
     {0, 'unknown'}   it had run to resolve an unknown step: the step is unknown again
     {1, what}        nothing to undo: the admit did not take the step ('answered'),
                      or queued it for the relay ('queued'), or the step moved on
+
+  A step it makes unknown or released is updated in the slot's "needs a decision" index.
 ]]
 local prior = redis.call('GET', KEYS[3])
 local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'resolving')
@@ -35,9 +39,11 @@ local now = now_ms()
 if fx[3] == '1' then
   -- it was resolving an unknown step: the step is as unknown as it was
   redis.call('HSET', KEYS[1], 'state', 'unknown', 'updated_at', fmt(now), 'deadline', '0')
+  index(KEYS[4], ARGV[3], 'unknown', fmt(now))
   return done({0, 'unknown'})
 end
 redis.call('HSET', KEYS[1], 'state', 'released', 'updated_at', fmt(now), 'deadline', '0',
   'error', '{"reason":"the gateway lost the admit\'s reply and gave the call up: nothing was sent"}')
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+index(KEYS[4], ARGV[3], 'released')
 return done({0, 'released'})

@@ -1,0 +1,354 @@
+"""What needs a human decision, per tenant, without a SCAN: the "needs a decision" index.
+
+A step needs a decision when its outcome is ``unknown``, or when it is still ``dispatching``
+past its deadline (the holder died or stalled; it turns ``unknown`` only when next touched,
+and ``resolve`` accepts it already).
+
+* **The truth is per slot** (``fg:nd:{<s>}``, :func:`gateway.store.keys.needs_index`): a
+  sorted set of ``[tenant, job, step]`` written by every script that changes a step's state,
+  atomically with the change (``index()`` in the Lua prelude): an unknown step scored by when
+  it became unknown, a dispatching one by its deadline. A script touches only its job's slot
+  (Redis Cluster), so a tenant-wide key cannot be written there.
+* **The hint is per tenant** (``fg:nd:t:<t>``): the entries that need a decision *now*,
+  written by the store right after a verdict that made a step ``unknown`` (best effort, like
+  the relay's hints). A dispatch passing its deadline is no verdict: nothing runs then, so
+  the reconciler hints it.
+* **The reconciler** (:meth:`NeedsIndex.reconcile`, every
+  ``fencing.attention_reconcile_seconds`` in one gateway of the deployment: the first to
+  take the interval's turn, :meth:`NeedsIndex.take_turn`) reads every slot's due entries,
+  1,024 slots per batch on the auto-pipeline, hints them per tenant, repairs an entry whose
+  step record disagrees (``reindex-2``: the record expired with its retention, or a slot lost
+  writes), and drops hints no slot holds any more. A crash between a verdict and its hint is
+  repaired there.
+* **Reading** (:meth:`NeedsIndex.listing`) takes the tenant's due hints in score order, reads
+  each step's record and shows only what the record confirms: a hint is never believed on
+  its own, so a stale hint costs a read, never a wrong row; stale ones are dropped after the
+  slot's truth confirms they are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from gateway.core.errors import StoreUnavailable
+from gateway.core.records import EffectRecord
+from gateway.store.keys import (
+    NEEDS_TENANTS,
+    NEEDS_TURN,
+    SLOTS,
+    JobKeys,
+    key_slot,
+    needs_hint,
+    needs_index,
+)
+
+if TYPE_CHECKING:
+    from gateway.store.base import StoreBase
+
+__all__ = ["NeedsIndex", "decode_cursor", "encode_cursor"]
+
+log = structlog.get_logger("fencegate.attention")
+
+_PAGE = 200  # hints read per round while listing
+_PER_SLOT = 1000  # due entries read per slot and round while reconciling
+
+
+def encode_cursor(score: int, member: str) -> str:
+    raw = json.dumps([score, member], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    """The (score, member) an ``after`` cursor names; ValueError when it is not one."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        score, member = json.loads(raw)
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise ValueError("not a cursor returned by this listing") from exc
+    if not isinstance(score, int) or not isinstance(member, str) or isinstance(score, bool):
+        raise ValueError("not a cursor returned by this listing")
+    return score, member
+
+
+def _member(member: str) -> tuple[str, str, str] | None:
+    try:
+        tenant, job_id, step = json.loads(member)
+    except (ValueError, TypeError):
+        return None
+    if not all(isinstance(x, str) for x in (tenant, job_id, step)):
+        return None
+    return tenant, job_id, step
+
+
+def _pairs(rows: Any) -> list[tuple[str, float]]:
+    """A WITHSCORES reply as (member, score): RESP3 pairs or a flat RESP2 list."""
+    if not rows:
+        return []
+    if isinstance(rows[0], list | tuple):
+        return [(m, float(s)) for m, s in rows]
+    return [(m, float(s)) for m, s in zip(rows[::2], rows[1::2], strict=True)]
+
+
+def _needs(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
+    """(state, since_ms) when the record says the step needs a decision now."""
+    state = h.get("state")
+    if state == "unknown":
+        return state, int(h.get("updated_at") or 0)
+    if state == "dispatching":
+        deadline = int(h.get("deadline") or 0)
+        if deadline <= now_ms:
+            return state, deadline
+    return None
+
+
+class NeedsIndex:
+    """The store's side of the index: hints, listing, the reconciler, the overview."""
+
+    def __init__(self, store: StoreBase) -> None:
+        self._store = store
+
+    async def _read(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Commands on one pipeline (not a transaction: their keys live in many slots)."""
+        if not commands:
+            return []
+
+        async def run() -> list[Any]:
+            async with self._store.client.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies: list[Any] = await pipe.execute()
+                return replies
+
+        return await self._store._guard(run)
+
+    @property
+    def retention_ms(self) -> int:
+        return self._store.retention_ms
+
+    async def _cmd(self, *command: Any) -> Any:
+        async def run() -> Any:
+            return await self._store.client.execute_command(*command)  # type: ignore[no-untyped-call]
+
+        return await self._store._guard(run)
+
+    # -- hints, after a verdict -----------------------------------------------------------
+
+    async def hint(self, keys: JobKeys, step: str, score_ms: int | None = None) -> None:
+        """The step needs a decision (best effort: the reconciler finds a lost hint)."""
+        score = int(time.time() * 1000) if score_ms is None else score_ms
+        try:
+            await self._read(
+                [
+                    ("ZADD", needs_hint(keys.tenant), score, keys.member(step)),
+                    ("SADD", NEEDS_TENANTS, keys.tenant),
+                ]
+            )
+        except StoreUnavailable:
+            log.warning("attention_hint_failed", job_id=keys.job_id, step=step)
+
+    async def unhint(self, keys: JobKeys, step: str) -> None:
+        try:
+            await self._cmd("ZREM", needs_hint(keys.tenant), keys.member(step))
+        except StoreUnavailable:
+            log.warning("attention_unhint_failed", job_id=keys.job_id, step=step)
+
+    # -- listing --------------------------------------------------------------------------
+
+    async def listing(
+        self, tenant: str, *, limit: int, after: str | None = None, now_ms: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The tenant's steps that need a decision, oldest first (unknown: since it became
+        unknown; dispatching: since its deadline). Each item carries ``cursor``: pass the last
+        one as ``after`` for the next page. ValueError for a malformed ``after``."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        score, last = decode_cursor(after) if after else (None, "")
+        key = needs_hint(tenant)
+        items: list[dict[str, Any]] = []
+        stale: list[tuple[JobKeys, str]] = []
+        ties = score is not None  # first the rest of the cursor's own score, then past it
+        while len(items) < limit:
+            if score is None:
+                query: tuple[Any, ...] = ("-inf", now, "WITHSCORES", "LIMIT", 0, _PAGE)
+            elif ties:
+                if score > now:
+                    break
+                query = (score, score, "WITHSCORES")
+            else:
+                query = (f"({score}", now, "WITHSCORES", "LIMIT", 0, _PAGE)
+            raw = _pairs(await self._cmd("ZRANGEBYSCORE", key, *query))
+            rows = [(m, int(s)) for m, s in raw if not ties or m > last]
+            replies = await self._read([("HGETALL", _effect(m)) for m, _ in rows])
+            for (member, s), reply in zip(rows, replies, strict=True):
+                score, last = s, member
+                parts = _member(member)
+                if parts is None or parts[0] != tenant:
+                    continue  # never another tenant's step, whatever the hint holds
+                keys, h = JobKeys(parts[0], parts[1]), _hash(reply)
+                found = _needs(h, now) if h else None
+                if found is not None:
+                    items.append(_item(keys, parts[2], h, found, now, encode_cursor(s, member)))
+                elif h.get("state") != "dispatching":  # a live dispatch may still overrun
+                    stale.append((keys, parts[2]))
+                if len(items) >= limit:
+                    break
+            if ties:
+                ties = False  # the cursor's own score is done: go on past it
+            elif len(raw) < _PAGE:
+                break  # the whole due range is read
+            else:
+                ties = True  # the page may have cut through the members of its last score
+        if stale:
+            await self._drop_stale(tenant, stale)
+        return items
+
+    async def _drop_stale(self, tenant: str, stale: list[tuple[JobKeys, str]]) -> None:
+        """Drop hints whose step no longer needs a decision, once the slot's truth agrees."""
+        try:
+            scores = await self._read([("ZSCORE", k.needs, k.member(s)) for k, s in stale])
+            gone = [k.member(s) for (k, s), sc in zip(stale, scores, strict=True) if sc is None]
+            if gone:
+                await self._cmd("ZREM", needs_hint(tenant), *gone)
+        except StoreUnavailable:
+            pass  # the reconciler drops them
+
+    # -- the reconciler -------------------------------------------------------------------
+
+    async def take_turn(self, every_ms: int) -> bool:
+        """Whether this gateway reconciles this interval: the first of all gateways to ask
+        (``SET NX PX``) does; a pass is 16,384 reads, once per interval for the deployment."""
+        token = f"{os.getpid()}-{time.monotonic_ns()}"
+        taken = await self._cmd("SET", NEEDS_TURN, token, "NX", "PX", max(1, every_ms - 100))
+        return bool(taken)
+
+    async def reconcile(self, now_ms: int | None = None) -> dict[str, int]:
+        """Rebuild every tenant's hints from the slots' indexes (see the module doc)."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        due = await self._due_everywhere(now)
+        stats = {"due": len(due), "repaired": 0, "hinted": 0, "dropped": 0}
+        # the records must confirm the truth: an entry its record contradicts is repaired
+        fields = await self._read([("HMGET", _effect(m), "state", "deadline") for m, _ in due])
+        per: dict[str, dict[str, int]] = defaultdict(dict)
+        for (member, score), (state, deadline) in zip(due, fields, strict=True):
+            parts = _member(member)
+            if parts is None:
+                continue
+            ok = state == "unknown" or (state == "dispatching" and int(deadline or 0) == score)
+            if not ok:
+                stats["repaired"] += 1
+                if await self._reindex(parts, member) != "unknown":
+                    continue
+            per[parts[0]][member] = int(score)
+        for tenant, members in per.items():
+            flat = [x for member, score in members.items() for x in (score, member)]
+            await self._read([("ZADD", needs_hint(tenant), *flat), ("SADD", NEEDS_TENANTS, tenant)])
+            stats["hinted"] += len(members)
+        stats["dropped"] = await self._drop_unknown_to_slots(per, now)
+        return stats
+
+    async def _due_everywhere(self, now: int) -> list[tuple[str, float]]:
+        """Every slot's due entries: 16,384 reads, 1,024 at a time on the auto-pipeline; a slot
+        with more than a page is read on until it is done."""
+        batcher = self._store.batcher
+        found: list[tuple[str, float]] = []
+        pending = [(s, 0) for s in range(SLOTS)]
+        while pending:
+            nxt: list[tuple[int, int]] = []
+            for start in range(0, len(pending), 1024):
+                chunk = pending[start : start + 1024]
+                replies = await asyncio.gather(
+                    *(batcher.execute(*_due_query(needs_index(s), now, off)) for s, off in chunk),
+                    return_exceptions=True,
+                )
+                for (s, offset), rows in zip(chunk, replies, strict=True):
+                    if isinstance(rows, BaseException):
+                        if isinstance(rows, asyncio.CancelledError):
+                            raise rows
+                        raise StoreUnavailable(
+                            f"the attention reconciler failed: {type(rows).__name__}"
+                        )
+                    pairs = _pairs(rows)
+                    found += pairs
+                    if len(pairs) == _PER_SLOT:
+                        nxt.append((s, offset + _PER_SLOT))
+            pending = nxt
+        return found
+
+    async def _reindex(self, parts: tuple[str, str, str], member: str) -> str:
+        tenant, job_id, step = parts
+        keys = JobKeys(tenant, job_id)
+        index = (keys.effect(step), keys.needs)
+        reply = await self._store._run("reindex-2", keys, index, (member,))
+        log.warning("attention_index_repaired", job_id=job_id, step=step, state=reply[1])
+        return str(reply[1])
+
+    async def _drop_unknown_to_slots(self, per: dict[str, dict[str, int]], now: int) -> int:
+        """Drop every hint the slots do not hold as due. The truth is read again for each
+        candidate first: an entry indexed and hinted since the sweep read its slot stays."""
+        tenants: list[str] = sorted(await self._cmd("SMEMBERS", NEEDS_TENANTS))
+        dropped = 0
+        for tenant in tenants:
+            rows: list[str] = await self._cmd("ZRANGEBYSCORE", needs_hint(tenant), "-inf", "+inf")
+            extra = [m for m in rows if m not in per.get(tenant, {})]
+            if not extra:
+                continue
+            scores = await self._read([("ZSCORE", _slot_index(m), m) for m in extra])
+            gone = [m for m, sc in zip(extra, scores, strict=True) if sc is None or float(sc) > now]
+            if gone:
+                await self._cmd("ZREM", needs_hint(tenant), *gone)
+                dropped += len(gone)
+        return dropped
+
+
+def _due_query(key: str, now: int, offset: int) -> tuple[Any, ...]:
+    return ("ZRANGEBYSCORE", key, "-inf", now, "WITHSCORES", "LIMIT", offset, _PER_SLOT)
+
+
+def _hash(reply: Any) -> dict[str, str]:
+    """A hash reply (HGETALL, stream fields): a dict (RESP3) or a flat list (RESP2)."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True)) if reply else {}
+
+
+def _effect(member: str) -> str:
+    tenant, job_id, step = _member(member) or ("", "", "")
+    return JobKeys(tenant, job_id).effect(step)
+
+
+def _slot_index(member: str) -> str:
+    tenant, job_id, _ = _member(member) or ("", "", "")
+    return needs_index(key_slot(tenant + "/" + job_id))
+
+
+def _item(
+    keys: JobKeys, step: str, h: dict[str, str], found: tuple[str, int], now: int, cursor: str
+) -> dict[str, Any]:
+    state, since = found
+    record = EffectRecord.from_hash(h)
+    deadline = int(h.get("deadline") or 0)
+    return {
+        "job_id": keys.job_id,
+        "step": step,
+        "state": state,
+        "since_ms": since,
+        "age_ms": max(0, now - since),
+        "deadline_ms": deadline or None,
+        "generation": record.generation,
+        "adapter": record.adapter,
+        "operation": record.operation,
+        "attempts": record.attempts,
+        "worker_id": record.worker_id,
+        "last_error": record.error,
+        "updated_at_ms": record.updated_at_ms,
+        "cursor": cursor,
+    }
