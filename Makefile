@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/fencegate.example.toml
 
-.PHONY: run test lint docs dist pytest bench bench-replication bench-soak profile chaos demo venv clean all hostile
+.PHONY: run test lint docs dist pytest browser bench bench-replication bench-soak profile chaos demo venv clean all hostile
 
 all: test
 
@@ -29,7 +29,17 @@ lint: $(STAMP)
 	$(BIN)/mypy gateway adapters
 	$(BIN)/lint-imports
 
-pytest: $(STAMP)
+# the console's browser tests drive Debian's chromium (Playwright's own download is never used);
+# installed here when missing, as root on a fresh machine (CI), else the tests fail and say why
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends chromium; \
+	  else echo "make: chromium is missing (run as root, or: sudo apt-get install chromium)" >&2; \
+	  fi; }
+
+pytest: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # the docs site (mkdocs.yml) into site/; --strict: a broken link or anchor, a missing page

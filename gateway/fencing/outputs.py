@@ -50,7 +50,6 @@ from gateway.core.errors import (
     ObjectStoreUnavailable,
     OutputInProgress,
     PayloadTooLarge,
-    Rejection,
     RequestTimeout,
     StoreUnavailable,
     UploadUrlUnsupported,
@@ -100,6 +99,7 @@ class OutputService:
         self.settings = settings
         self._registration = registration
         self._retention = str(retention_seconds)
+        self._background: set[asyncio.Task[None]] = set()  # claims ended after a lost reply
 
     # -- the fenced scripts -------------------------------------------------------
 
@@ -119,14 +119,19 @@ class OutputService:
         who calls, recorded with an implicit registration."""
         key = output_key(keys.tenant, keys.job_id, gen, name)
         upload = secrets.token_hex(8)
-        reply = await self.store.script(
-            "output-stage-3",
-            keys,
-            (keys.job, keys.outputs, keys.audit),
-            (str(gen), self._registration, name, key, upload, str(int(seconds * 1000)),
-             "1" if presigned else "0", keys.job_id, keys.tenant, worker_id, self._retention,
-             content_type, by),
-        )  # fmt: skip
+        try:
+            reply = await self.store.script(
+                "output-stage-3",
+                keys,
+                (keys.job, keys.outputs, keys.audit),
+                (str(gen), self._registration, name, key, upload, str(int(seconds * 1000)),
+                 "1" if presigned else "0", keys.job_id, keys.tenant, worker_id,
+                 self._retention, content_type, by),
+            )  # fmt: skip
+        except StoreUnavailable:
+            if not presigned:  # it may have run: its claim would lock the output until then
+                self._abandon_soon(keys, gen, name, upload)
+            raise
         code = int(reply[0])
         if code == 9:
             raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
@@ -158,6 +163,29 @@ class OutputService:
             return None
         return OutputEntry.parse(f"{gen}/{name}", str(reply[1]))
 
+    def _abandon_soon(self, keys: JobKeys, gen: int, name: str, upload: str) -> None:
+        """A stage or record whose reply never came may have run: end that upload's claim
+        as soon as Redis answers (a no-op once it is recorded or replaced), so the worker's
+        retry is not told ``output_in_progress`` until the claim's deadline by a claim
+        nobody holds. In the background: the request has its 503 already."""
+
+        async def attempts() -> None:
+            for delay in (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+                await asyncio.sleep(delay)
+                try:
+                    await self._record(keys, gen, name, upload, "", abandon=True)
+                    return
+                except StoreUnavailable:
+                    continue
+                except Exception as exc:  # the claim still ends at its deadline
+                    log.warning("output_abandon_failed", job_id=keys.job_id, error=str(exc))
+                    return
+            log.warning("output_abandon_gave_up", job_id=keys.job_id, name=name)
+
+        task = asyncio.get_running_loop().create_task(attempts())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _abandon(self, keys: JobKeys, gen: int, name: str, upload: str) -> None:
         """Best effort: a failed upload frees its claim at once, not at its deadline."""
         try:
@@ -183,9 +211,15 @@ class OutputService:
         limit = self.settings.max_bytes
         if content_length is not None and content_length > limit:
             raise PayloadTooLarge(f"an output may be at most {limit} bytes")
+        seconds = self.settings.upload_timeout_seconds
+        # The claim in Redis runs from the stage script; this put's cut-off runs from
+        # before the script was sent, less a margin for the store's commit, so it ends
+        # before the claim does even when the stage's reply is late: a retry of the same
+        # generation (allowed once the claim ended) never races this put on the key.
+        cutoff = asyncio.get_running_loop().time() + seconds - min(seconds / 10, 30.0)
         upload, key, _ = await self._stage(
             keys, gen, name, worker_id, presigned=False, content_type=content_type,
-            seconds=self.settings.upload_timeout_seconds, by=by,
+            seconds=seconds, by=by,
         )  # fmt: skip
         digest = hashlib.sha256()
         total = 0
@@ -202,7 +236,7 @@ class OutputService:
                 raise _LengthMismatch
 
         try:
-            async with asyncio.timeout(self.settings.upload_timeout_seconds):
+            async with asyncio.timeout_at(cutoff):
                 etag = await self.objects.put_stream(key, hashed(), content_type)
         except BaseException as exc:
             await self._abandon(keys, gen, name, upload)
@@ -218,10 +252,14 @@ class OutputService:
                 raise ObjectStoreUnavailable(str(exc)) from exc
             raise
         self._crash("after_output_write")  # the object is written, not recorded
-        entry = await self._record(
-            keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
-            content_type=content_type, etag=etag,
-        )  # fmt: skip
+        try:
+            entry = await self._record(
+                keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
+                content_type=content_type, etag=etag,
+            )  # fmt: skip
+        except StoreUnavailable:
+            self._abandon_soon(keys, gen, name, upload)  # a no-op if the record ran
+            raise
         if entry is None:
             raise OutputInProgress(
                 f"a later upload of {name!r} by generation {gen} replaced this one"
@@ -252,41 +290,11 @@ class OutputService:
     async def ensure_recorded(
         self, tenant: str, job: str, generation: int, names: Sequence[str]
     ) -> list[str]:
-        """Record the presigned uploads of ``generation`` among ``names`` (module docstring)."""
-        keys = JobKeys(tenant, job)
-        fence, cancelled, completed = await _redis(
-            self.store.client.hmget(keys.job, "fence", "cancelled", "completed")
-        )
-        if cancelled or completed or fence is None or int(fence) != generation:
-            return []  # the completion script refuses it (and audits) by itself
-        done: list[str] = []
-        for name in names:
-            entry = await self.entry(keys, generation, name)
-            if entry is None or entry.state != "staged" or not entry.presigned:
-                continue
-            try:
-                opened = await self.objects.open(entry.key)
-                if opened is None:
-                    continue
-                info, ctype, chunks = opened
-                digest, size = hashlib.sha256(), 0
-                async for chunk in chunks:
-                    digest.update(chunk)
-                    size += len(chunk)
-            except ObjectStoreError as exc:
-                raise ObjectStoreUnavailable(str(exc)) from exc
-            try:
-                recorded = await self._record(
-                    keys, generation, name, entry.upload, entry.worker_id, size=size,
-                    sha256=digest.hexdigest(), content_type=ctype or entry.content_type,
-                    etag=info.etag,
-                )  # fmt: skip
-            except Rejection as exc:  # refused by the fence: the completion script decides
-                log.info("output_record_refused", job_id=job, name=name, reason=str(exc))
-                continue
-            if recorded is not None:
-                done.append(name)
-        return done
+        """Record the presigned uploads of ``generation`` among ``names`` (module docstring;
+        :func:`gateway.fencing.outputs_presigned.record_presigned`)."""
+        from gateway.fencing.outputs_presigned import record_presigned
+
+        return await record_presigned(self, tenant, job, generation, names)
 
     # -- reads ---------------------------------------------------------------------
 
@@ -353,6 +361,26 @@ class OutputService:
         if opened is None:
             raise NotFound(f"the object of output {entry.name!r} is not in the store (swept?)")
         return opened[2]
+
+    async def promoted_current(self, keys: JobKeys, name: str) -> OutputEntry:
+        """The promoted record of ``name`` after checking that the stored object is still the
+        recorded one (a redirect must not send a reader to bytes the completion never saw);
+        sign its URL with :meth:`read_url`. The URL stays a window: a replacement after this
+        check is served until it expires."""
+        entry = await self.promoted(keys, name)
+        try:
+            info = await self.objects.head(entry.key)
+        except ObjectStoreError as exc:
+            raise ObjectStoreUnavailable(str(exc)) from exc
+        if info is None:
+            raise NotFound(f"the object of output {name!r} is not in the store (swept?)")
+        if entry.etag and info.etag != entry.etag:
+            log.error("output_replaced", key=entry.key, detail="etag differs before a redirect")
+            raise InternalError(
+                "the object of this output was replaced in the store after it was recorded "
+                "(its etag differs): refusing to serve it"
+            )
+        return entry
 
     async def read_url(self, entry: OutputEntry, seconds: float) -> str:
         try:

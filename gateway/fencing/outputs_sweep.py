@@ -1,6 +1,8 @@
 """The orphan sweeper: deletes output objects that can never be promoted, counts the rest.
 
-It lists the object store (every key ``<tenant>/<job>/g<gen>/<name>`` under the prefix),
+It lists the object store (every key ``<tenant>/<job>/g<gen>/<name>`` under the prefix,
+and the local store's staging files ``<key>#<n>`` that its listing hides: a put killed
+half-way leaves one, :func:`classify_staging`),
 reads each job's fence, cancel flag, completion and outputs hash from Redis, and gives
 every object one class:
 
@@ -45,7 +47,7 @@ from redis.exceptions import RedisError
 from gateway.core.errors import StoreUnavailable
 from gateway.fencing.output_entry import OutputEntry
 from gateway.fencing.outputs import OutputService
-from gateway.objects import ObjectInfo, ObjectStoreError, parse_output_key
+from gateway.objects import ObjectInfo, ObjectStoreError, parse_output_key, staged_key
 from gateway.runtime.metrics import Metrics
 from gateway.store.keys import MARKER, JobKeys
 
@@ -126,8 +128,27 @@ def classify(gen: int, name: str, info: ObjectInfo, job: _JobState, now_ms: int)
     if entry is not None and entry.key == info.key:
         if entry.state == "recorded":
             return None
-        if entry.presigned or entry.deadline_ms > now_ms:
+        if entry.deadline_ms > now_ms:
             return None  # an upload in flight (or a presigned URL still valid)
+    return "unrecorded"
+
+
+def classify_staging(
+    gen: int, name: str, info: ObjectInfo, job: _JobState, now_ms: int
+) -> str | None:
+    """A local store's staging file (a put not ended, or killed): kept only while an upload
+    of its output by the current generation is in flight; a completed or cancelled job's
+    and a stale generation's are deleted like objects; any other one is counted
+    (``unrecorded``: a put that died, of the current generation)."""
+    if job.marker and job.completed is not None:
+        return "completed"  # nothing is staged after a completion: no put can end well
+    final = ObjectInfo(staged_key(info.key) or info.key, info.size, info.last_modified, "")
+    reason = classify(gen, name, final, job, now_ms)
+    if reason in DELETED_REASONS or reason == "unknown":
+        return reason
+    entry = job.entries.get(f"{gen}/{name}")
+    if entry is not None and entry.state == "staged" and entry.deadline_ms > now_ms:
+        return None  # an upload in flight writes it
     return "unrecorded"
 
 
@@ -159,13 +180,19 @@ async def sweep(
                     continue
                 tenant, job, gen, name = parsed
                 jobs[(tenant, job)].append((gen, name, info))
+            for info in await outputs.objects.staging():
+                parsed = parse_output_key(staged_key(info.key) or "")
+                if parsed is not None:
+                    tenant, job, gen, name = parsed
+                    jobs[(tenant, job)].append((gen, name, info))
         except ObjectStoreError as exc:
             log.error("output_sweep_list_failed", error=str(exc))
             raise
         for (tenant, job), objects in jobs.items():
             state = await _job_state(outputs, JobKeys(tenant, job))
             for gen, name, info in objects:
-                reason = classify(gen, name, info, state, now_ms)
+                judge = classify_staging if "#" in info.key else classify
+                reason = judge(gen, name, info, state, now_ms)
                 if reason is None:
                     report.kept += 1
                     continue
@@ -186,7 +213,10 @@ async def _delete(
 ) -> None:
     for orphan in doomed:
         try:
-            await outputs.objects.delete(orphan.key)  # idempotent: another gateway may win
+            if "#" in orphan.key:  # a local staging file (never a key of an object)
+                await outputs.objects.delete_staging(orphan.key)
+            else:  # idempotent: another gateway may win
+                await outputs.objects.delete(orphan.key)
         except ObjectStoreError as exc:
             report.failed += 1
             log.warning("output_orphan_delete_failed", key=orphan.key, error=str(exc))

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from adapters.base import Adapter, AdapterContext
 from adapters.registry import build_adapters, validate_configs
+from gateway import console
 from gateway.core.errors import FencegateError, InternalError, Rejection, StoreUnavailable
 from gateway.core.tokens import TokenSigner
 from gateway.fencing.bulkheads import HttpPools, scope_adapters
@@ -75,7 +76,8 @@ async def _request_middleware(
     metrics = request.app[K.METRICS]
     error: FencegateError | None = None
     try:
-        request.app[BROWSER_GUARD].check(request)  # browsers, foreign Hosts, non-JSON bodies
+        if not console.owns(request):  # the console's pages apply their own (gateway.console)
+            request.app[BROWSER_GUARD].check(request)  # browsers, foreign Hosts, non-JSON bodies
         response = await handler(request)  # type: ignore[misc]
     except FencegateError as exc:
         error = exc
@@ -359,4 +361,14 @@ def create_app(
         (*ROUTES, *JOB_ROUTES, *OUTPUT_ROUTES), key=lambda r: r.handler not in HOT_HANDLERS
     ):
         app.router.add_route(route.method, route.path, route.handler)
+    # /console; its on_shutdown hook goes first: its open streams end before the drain
+    console.mount(
+        app,
+        settings,
+        secret=secret,
+        audit_keys=audit_keys,
+        keys=app[K.AUTH],
+        host_allowed=app[BROWSER_GUARD].host_allowed,
+        store=lambda: app[K.STORE],
+    )
     return app

@@ -58,6 +58,11 @@ class Authenticator:
     def open(self) -> bool:
         return not self._keys
 
+    def entries(self) -> tuple[tuple[bytes, Principal], ...]:
+        """Every configured key as (SHA-256 digest, principal): the console's cookies name a key
+        by a MAC of its digest, so a key removed from the config ends its console logins."""
+        return tuple(self._keys)
+
     def authenticate(self, header: str | None) -> Principal:
         if not self._keys:
             return OPEN

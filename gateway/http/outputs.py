@@ -177,7 +177,7 @@ async def get_output(request: web.Request) -> web.StreamResponse:
         entry, chunks = await service.open_staged(keys, int(raw_gen), name)
     else:
         if service.settings.redirect_reads and service.objects.can_sign:
-            entry = await service.promoted(keys, name)
+            entry = await service.promoted_current(keys, name)
             url = await service.read_url(entry, READ_URL_SECONDS)
             return web.Response(status=307, headers={"Location": url})
         entry, chunks = await service.open_promoted(keys, name)

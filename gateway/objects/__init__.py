@@ -14,6 +14,7 @@ from gateway.objects.store import (
     output_key,
     parse_output_key,
     runtime_started,
+    staged_key,
     valid_output_name,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "output_key",
     "parse_output_key",
     "runtime_started",
+    "staged_key",
     "valid_output_name",
 ]

@@ -14,8 +14,9 @@ its attempt's prefix (no ``..``, no absolute path, no separator, no NUL).
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "output_key",
     "parse_output_key",
     "runtime_started",
+    "staged_key",
     "valid_output_name",
 ]
 
@@ -45,6 +47,9 @@ __all__ = [
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _KEY = re.compile(rf"({_PART})/({_PART})/g([1-9][0-9]{{0,15}})/({_PART})")
+# the local store writes a put to "<key>#<n>" and renames it into place when it ends: a
+# process killed mid-put leaves that file behind, and the store's listing never shows it
+_STAGING = re.compile(r"(.+)#[0-9]{1,20}")
 
 Kind = Literal["file", "s3"]
 _runtime = {"started": False}  # set by the first async call into obstore (see runtime_started)
@@ -85,6 +90,12 @@ def parse_output_key(key: str) -> tuple[str, str, int, str] | None:
     if m is None or ".." in m[4]:
         return None
     return m[1], m[2], int(m[3]), m[4]
+
+
+def staged_key(key: str) -> str | None:
+    """The object key of a staging file's key ``<output key>#<n>``, else None."""
+    m = _STAGING.fullmatch(key)
+    return m[1] if m is not None and parse_output_key(m[1]) is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +205,43 @@ class ObjectStore:
             return
         except (ObstoreBaseError, OSError) as exc:
             raise ObjectStoreError(f"object store list failed: {exc}") from exc
+
+    async def staging(self) -> Sequence[ObjectInfo]:
+        """The local store's staging files (``<key>#<n>``) under the prefix: puts that have
+        not ended, or never will (the process died mid-put). Their ``key`` keeps the
+        ``#<n>`` suffix; :func:`staged_key` gives the object's key. S3 shows none (an
+        unfinished multipart upload is not listed: a bucket lifecycle rule aborts them)."""
+        if self.kind != "file":
+            return []
+        root = Path(self.where)
+
+        def walk() -> list[ObjectInfo]:
+            found: list[ObjectInfo] = []
+            for path in root.rglob("*#*"):
+                if path.is_symlink() or not path.is_file() or not _STAGING.fullmatch(path.name):
+                    continue
+                rel = path.relative_to(root).as_posix()
+                if not rel.startswith(self.prefix):
+                    continue
+                st = path.stat()
+                modified = datetime.fromtimestamp(st.st_mtime, UTC)
+                found.append(ObjectInfo(rel[len(self.prefix) :], st.st_size, modified, ""))
+            return found
+
+        try:
+            return await asyncio.to_thread(walk)
+        except OSError as exc:
+            raise ObjectStoreError(f"object store list (staging files) failed: {exc}") from exc
+
+    async def delete_staging(self, key: str) -> None:
+        """Delete a staging file found by :meth:`staging` (idempotent). A put still writing
+        it then fails instead of renaming it into place."""
+        if self.kind != "file" or staged_key(key) is None:
+            raise ObjectStoreError(f"not a staging file of this store: {key}")
+        try:
+            await asyncio.to_thread((Path(self.where) / (self.prefix + key)).unlink, True)
+        except OSError as exc:
+            raise ObjectStoreError(f"object store delete failed: {exc}") from exc
 
     async def sign(self, method: Literal["PUT", "GET"], key: str, seconds: float) -> str:
         """A pre-signed URL for ``method`` on ``key``, valid ``seconds`` (S3 only)."""

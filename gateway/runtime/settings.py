@@ -30,6 +30,7 @@ __all__ = [
     "CheckpointSettings",
     "ConfigError",
     "ConnectionSettings",
+    "ConsoleSettings",
     "FencingSettings",
     "OutputSettings",
     "QuotaSettings",
@@ -234,6 +235,25 @@ class AuditSettings(_Section):
     anchor_file: str = ""
 
 
+class ConsoleSettings(_Section):
+    """The web console under ``/console`` (``[console]``, gateway.console)."""
+
+    enabled: bool = True
+    # Hide and refuse the Resolve form for every key (an auditors' console).
+    read_only: bool = False
+    # How long a login lasts (the signed cookie's expiry).
+    cookie_ttl_seconds: Annotated[int, Field(ge=60, le=7 * 86400)] = 8 * 3600
+    # Names the env var with the secret that signs console cookies and CSRF tokens (the same in
+    # every worker and gateway behind one name); empty: derived from the secrets the gateway
+    # already reads, else a random one kept in <redis.data_dir>/console.secret.
+    secret_env: str = ""
+    # Live pages: how often the process reads the tenant feeds (one read per tenant with open
+    # tabs, whatever the number of tabs), and the SSE keep-alive (a closed tab is noticed
+    # within about this long).
+    poll_seconds: Annotated[float, Field(ge=0.05, le=60)] = 1.0
+    sse_ping_seconds: Annotated[float, Field(ge=0.1, le=60)] = 5.0
+
+
 class OutputSettings(_Section):
     """Attempt-scoped job outputs in an object store (``[outputs]``, docs/outputs.md)."""
 
@@ -289,6 +309,7 @@ class Settings(BaseSettings):
     connections: ConnectionSettings = ConnectionSettings()
     bulkheads: BulkheadSettings = BulkheadSettings()
     quotas: QuotaSettings = QuotaSettings()
+    console: ConsoleSettings = ConsoleSettings()
     checkpoints: CheckpointSettings = CheckpointSettings()
     outputs: OutputSettings = OutputSettings()
     # Each adapter section is validated by its own type's model (adapters.registry).

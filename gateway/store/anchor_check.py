@@ -8,7 +8,7 @@ import functools
 import hmac
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,8 +88,13 @@ async def verify(
     keys: Sequence[str] = (),
     anchor_files: Sequence[Path] = (),
     retention_seconds: int = 604_800,
+    tenant: str | None = None,
+    progress: Callable[[int, int], Awaitable[None]] | None = None,
 ) -> AnchorCheck:
     """Recompute every job's chain (with the key(s) when given) and check every anchor.
+
+    ``tenant``: only that tenant's chains and anchors (the console); ``progress(jobs,
+    entries)`` is awaited after each chain.
 
     Detected: an entry altered, forged or re-hashed without the key (keyed chains; an
     unkeyed chain only catches accidental damage: anyone can recompute SHA-1); an entry
@@ -104,6 +109,8 @@ async def verify(
     key_bytes = [k.encode() for k in keys]
     by_kid = {key_id(k): k for k in keys}
     anchors, broken, missing = read_anchors(anchor_files)
+    if tenant is not None:
+        anchors = [a for a in anchors if a["tenant"] == tenant]
     by_stream: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for anchor in anchors:
         by_stream[JobKeys(anchor["tenant"], anchor["job_id"]).audit].append(anchor)
@@ -140,7 +147,9 @@ async def verify(
         return "entry altered (its HMAC does not match)"
 
     seen: set[str] = set()
-    async for stream in client.scan_iter(match="fg:{*}:audit", count=1000):
+    # tenant names have no glob characters (NAME_RE)
+    match = "fg:{*}:audit" if tenant is None else "fg:{" + tenant + "/*}:audit"
+    async for stream in client.scan_iter(match=match, count=1000):
         if stream in seen:  # SCAN may return a key twice
             continue
         seen.add(stream)
@@ -167,6 +176,8 @@ async def verify(
         )
         if rows and head != prev:
             broken.append(f"{stream}: newest entries missing (chain head {head})")
+        if progress is not None:
+            await progress(jobs, entries)
         first = _id(rows[0][0]) if rows else None
         gone = functools.partial(_gone, first=first, now_ms=now_ms, retention_ms=retention_ms)
         for anchor in by_stream.pop(stream, []):

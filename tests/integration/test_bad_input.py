@@ -32,6 +32,8 @@ def snapshot(redis_sync: Any) -> dict[str, Any]:
             out[key] = redis_sync.xrange(key)
         elif kind == "set":
             out[key] = sorted(redis_sync.smembers(key))
+        elif kind == "zset":  # relay queues, the "needs a decision" index
+            out[key] = redis_sync.zrange(key, 0, -1, withscores=True)
         else:
             out[key] = redis_sync.get(key)
     return out

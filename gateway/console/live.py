@@ -1,0 +1,163 @@
+"""Live parts: one reader of the tenant feeds per process, and the SSE streams it feeds.
+
+:class:`FeedPump` reads ``fg:audit:<tenant>`` (``XRANGE`` after the last id it read) every
+``[console] poll_seconds`` for each tenant that has an open tab, and hands every new entry
+to each tab's queue: one Redis read per tenant per interval, whatever the number of tabs.
+No tab, no read.
+
+A stream never misses or repeats an entry: it subscribes first (the pump's position for a
+new tenant is the feed's newest id, read before the queue is registered), then reads from
+Redis what came after the id the browser has (``Last-Event-ID``, else the page's ``after``),
+then takes the queue, skipping ids it has already sent. Stream ids only grow.
+
+:class:`Streams` holds every open SSE response: at shutdown they are ended (an open tab must
+not hold up SIGTERM), and a tab that went away is noticed by the keep-alive ping within
+``[console] sse_ping_seconds`` (aiohttp does not cancel a handler whose client left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp_sse import EventSourceResponse
+from redis.exceptions import RedisError
+
+from gateway.store.keys import audit_feed
+
+__all__ = ["FeedPump", "Streams", "id_key", "open_stream"]
+
+log = structlog.get_logger("fencegate.console")
+
+Row = tuple[str, dict[str, str]]
+QUEUE_MAX = 2000  # a tab this far behind is closed; its browser reconnects and reads Redis
+_END: Row = ("", {})
+
+
+def id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class FeedPump:
+    """One poll per tenant (with open tabs) per interval, fanned out to every tab."""
+
+    def __init__(self, read: Callable[..., Awaitable[Any]], poll_seconds: float) -> None:
+        self._client_call = read  # an async callable(*redis command) → reply
+        self._poll = poll_seconds
+        self._subscribers: dict[str, set[asyncio.Queue[Row]]] = {}
+        self._last: dict[str, str] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.reads = 0  # XRANGE calls made (the tests check one per interval, not per tab)
+
+    async def subscribe(self, tenant: str) -> asyncio.Queue[Row]:
+        queue: asyncio.Queue[Row] = asyncio.Queue(QUEUE_MAX)
+        if tenant not in self._last:
+            newest = await self._client_call("XREVRANGE", audit_feed(tenant), "+", "-", "COUNT", 1)
+            self._last.setdefault(tenant, newest[0][0] if newest else "0-0")
+        self._subscribers.setdefault(tenant, set()).add(queue)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        return queue
+
+    def unsubscribe(self, tenant: str, queue: asyncio.Queue[Row]) -> None:
+        subs = self._subscribers.get(tenant)
+        if subs is not None:
+            subs.discard(queue)
+            if not subs:
+                del self._subscribers[tenant]
+                self._last.pop(tenant, None)
+
+    async def _read(self, tenant: str) -> None:
+        last = self._last.get(tenant)
+        if last is None:
+            return
+        self.reads += 1
+        rows = await self._client_call("XRANGE", audit_feed(tenant), f"({last}", "+", "COUNT", 1000)
+        if not rows or tenant not in self._last:
+            return
+        self._last[tenant] = rows[-1][0]
+        for queue in list(self._subscribers.get(tenant, ())):
+            for row in rows:
+                try:
+                    queue.put_nowait((row[0], dict(row[1])))
+                except asyncio.QueueFull:  # too slow: end that stream, it resumes from Redis
+                    with contextlib.suppress(asyncio.QueueEmpty):
+                        queue.get_nowait()
+                    queue.put_nowait(_END)
+                    break
+
+    async def _run(self) -> None:
+        while self._subscribers:
+            await asyncio.sleep(self._poll)
+            for tenant in list(self._subscribers):
+                try:
+                    await self._read(tenant)
+                except (RedisError, OSError, TimeoutError) as exc:
+                    log.warning("console_feed_read_failed", tenant=tenant, detail=str(exc))
+
+    async def aclose(self) -> None:
+        for subs in self._subscribers.values():
+            for queue in subs:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(_END)
+        self._subscribers.clear()
+        self._last.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class Streams:
+    """Every open SSE response of this process, ended together at shutdown."""
+
+    def __init__(self, ping_seconds: float) -> None:
+        self.ping_seconds = ping_seconds
+        self.open: set[EventSourceResponse] = set()
+        self.closing = False
+
+    async def close_all(self, _app: web.Application | None = None) -> None:
+        self.closing = True
+        for sse in list(self.open):
+            sse.stop_streaming()
+
+
+@contextlib.asynccontextmanager
+async def open_stream(
+    request: web.Request, streams: Streams
+) -> AsyncIterator[tuple[EventSourceResponse, asyncio.Future[None]]]:
+    """Prepare an SSE response (its ping set in the constructor: assigning it later does
+    nothing) and register it; yields it and a future that ends when the client went away or
+    the gateway shuts down."""
+    if streams.closing:
+        raise web.HTTPServiceUnavailable(text="shutting down")
+    sse = EventSourceResponse(ping_interval=streams.ping_seconds)
+    await sse.prepare(request)
+    streams.open.add(sse)
+    closed: asyncio.Future[None] = asyncio.ensure_future(sse.wait())
+    try:
+        async with sse:
+            yield sse, closed
+    except ConnectionResetError:
+        pass
+    finally:
+        closed.cancel()
+        streams.open.discard(sse)
+
+
+async def next_or_closed(queue: asyncio.Queue[Row], closed: asyncio.Future[None]) -> Row:
+    """The queue's next row, or the end marker when the stream closed first."""
+    if closed.done():
+        return _END
+    get: asyncio.Future[Any] = asyncio.ensure_future(queue.get())
+    done, _ = await asyncio.wait([get, closed], return_when=asyncio.FIRST_COMPLETED)
+    if get in done:
+        row: Row = get.result()
+        return row
+    get.cancel()
+    return _END

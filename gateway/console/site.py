@@ -1,0 +1,255 @@
+"""The console application: its middleware (browser rules, login, HTML errors), login and
+logout, static files, and how it is mounted under ``/console`` of the gateway."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp_jinja2
+import jinja2
+import structlog
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from gateway.console.access import COOKIE, Keys, Session, Sessions, console_secret
+from gateway.console.chain import ChainRuns
+from gateway.console.data import BadFilter, iso, redis_call
+from gateway.console.guard import Refused, check_request, security_headers
+from gateway.console.live import FeedPump, Streams
+from gateway.core.errors import FencegateError
+from gateway.runtime.settings import Settings
+from gateway.store.anchors import anchor_path
+from gateway.store.store import Store
+
+__all__ = ["CONSOLE", "Console", "build", "session_of"]
+
+log = structlog.get_logger("fencegate.console")
+HERE = Path(__file__).parent
+PREFIX = "/console"
+_PUBLIC = ("/console/login", "/console/static/")
+
+
+@dataclass
+class Console:
+    """What the console's handlers share (one per process)."""
+
+    settings: Settings
+    sessions: Sessions
+    pump: FeedPump
+    streams: Streams
+    audit_keys: list[str]
+    host_allowed: Callable[[str], bool]
+    store_of: Callable[[], Store]
+    runs: ChainRuns | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
+
+    @property
+    def read_only(self) -> bool:
+        return self.settings.console.read_only
+
+
+CONSOLE = web.AppKey("console", Console)
+SESSION = web.RequestKey("console_session", Session)
+
+
+def session_of(request: web.Request) -> Session:
+    return request[SESSION]
+
+
+def _safe_next(value: str | None) -> str:
+    """Only a path of the console itself (never ``//host`` or a scheme)."""
+    if value and value.startswith(PREFIX) and not value.startswith("//") and "\\" not in value:
+        return value
+    return PREFIX
+
+
+def see_other(location: str) -> web.Response:
+    """A 303 as a plain response: the gateway's outer middleware turns a raised HTTP
+    exception into a problem document."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+def render(
+    request: web.Request, template: str, context: dict[str, Any], status: int = 200
+) -> web.Response:
+    """A page: the template with the console's common context (no context processors: they
+    keep their state under a plain string key of the request)."""
+    return aiohttp_jinja2.render_template(
+        template, request, {**_context(request), **context}, status=status
+    )
+
+
+def error_page(request: web.Request, status: int, message: str) -> web.Response:
+    return render(request, "error.html", {"status": status, "message": message}, status=status)
+
+
+@web.middleware
+async def console_middleware(
+    request: web.Request, handler: Callable[[web.Request], Any]
+) -> web.StreamResponse:
+    console = request.app[CONSOLE]
+    if request.path == PREFIX:
+        return see_other(f"{PREFIX}/")
+    try:
+        check_request(request, console.host_allowed, console.settings.server.allowed_origins)
+    except Refused as exc:
+        return error_page(request, exc.status, exc.why)
+    sessions = console.sessions
+    if sessions.open:
+        request[SESSION] = sessions.open_session()
+    else:
+        session = sessions.check(request.cookies.get(COOKIE))
+        if session is not None:
+            request[SESSION] = session
+        elif not request.path.startswith(_PUBLIC):
+            if request.headers.get("Accept") == "text/event-stream":
+                return error_page(request, 401, "log in again")
+            target = request.path_qs if request.method == "GET" else PREFIX
+            return see_other(f"{PREFIX}/login?next={quote(target, safe='')}")
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPRedirection as exc:
+        return see_other(exc.headers.get("Location", PREFIX))
+    except web.HTTPException as exc:
+        return error_page(request, exc.status, exc.text or exc.reason)
+    except BadFilter as exc:
+        return error_page(request, 400, str(exc))
+    except FencegateError as exc:
+        return error_page(request, exc.http_status, exc.detail)
+    except (RedisError, OSError, TimeoutError) as exc:
+        log.warning("console_redis_failed", path=request.path, detail=str(exc))
+        return error_page(request, 503, "Redis is not answering; try again shortly")
+
+
+async def login_form(request: web.Request) -> web.Response:
+    console = request.app[CONSOLE]
+    if console.sessions.open or SESSION in request:
+        return see_other(_safe_next(request.query.get("next")))
+    return render(request, "login.html", {"next": _safe_next(request.query.get("next"))})
+
+
+async def login(request: web.Request) -> web.Response:
+    console = request.app[CONSOLE]
+    form = await request.post()
+    target = _safe_next(str(form.get("next") or ""))
+    if console.sessions.open:
+        return see_other(target)
+    found = console.sessions.login(str(form.get("key") or ""))
+    if found is None:
+        log.info("console_login_refused", remote=request.remote)
+        return render(
+            request,
+            "login.html",
+            {"next": target, "failed": "Not a key of role auditor or admin."},
+            status=401,
+        )
+    session, cookie = found
+    log.info("console_login", tenant=session.tenant, role=session.role, key_name=session.name)
+    response = see_other(target)
+    response.set_cookie(
+        COOKIE,
+        cookie,
+        max_age=console.sessions.ttl,
+        path=PREFIX,
+        httponly=True,
+        samesite="Strict",
+        secure=request.secure,
+    )
+    return response
+
+
+async def logout(request: web.Request) -> web.Response:
+    console = request.app[CONSOLE]
+    form = await request.post()
+    if not console.sessions.csrf_ok(session_of(request), str(form.get("csrf") or "")):
+        return error_page(request, 403, "the form's CSRF token does not match; reload the page")
+    response = see_other(f"{PREFIX}/login")
+    response.del_cookie(COOKIE, path=PREFIX, httponly=True, samesite="Strict")
+    return response
+
+
+def _context(request: web.Request) -> dict[str, Any]:
+    console = request.app[CONSOLE]
+    session = request.get(SESSION)
+    return {
+        "session": session,
+        "csrf": console.sessions.csrf(session) if isinstance(session, Session) else "",
+        "open_mode": console.sessions.open,
+        "read_only": console.read_only,
+        "keyed": bool(console.audit_keys),
+        "iso": iso,
+        "static": lambda name: request.app.router["static"].url_for(filename=name),
+        "request": request,
+        "qs": lambda filters, **extra: urlencode(filters.query(**extra)),
+    }
+
+
+def build(
+    settings: Settings,
+    *,
+    secret: Callable[[str, str], str],
+    audit_keys: list[str],
+    keys: Keys,
+    host_allowed: Callable[[str], bool],
+    store: Callable[[], Store],
+) -> web.Application:
+    """The console sub-application (mounted by :func:`gateway.console.mount`)."""
+    from gateway.console import pages, views  # the route handlers
+
+    app = web.Application(middlewares=[console_middleware])
+    console = Console(
+        settings=settings,
+        sessions=Sessions(
+            console_secret(settings, secret), keys, settings.console.cookie_ttl_seconds
+        ),
+        pump=FeedPump(redis_call(store), settings.console.poll_seconds),
+        streams=Streams(settings.console.sse_ping_seconds),
+        audit_keys=audit_keys,
+        host_allowed=host_allowed,
+        store_of=store,
+    )
+    app[CONSOLE] = console
+    aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    app.on_response_prepare.append(security_headers)
+    app.router.add_static("/static/", HERE / "static", name="static", append_version=True)
+    app.router.add_get("/login", login_form)
+    app.router.add_post("/login", login)
+    app.router.add_post("/logout", logout)
+    views.add_routes(app)
+    pages.add_routes(app)
+
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        console.runs = ChainRuns(  # the store is made by the gateway's startup, which runs first
+            store().client,
+            keys=audit_keys,
+            anchor_file=anchor_path(settings),
+            retention_seconds=settings.fencing.retention_seconds,
+            record=lambda tenant, summary: store().record_chain_check(tenant, summary),
+        )
+        yield
+        await stop(app)
+
+    app.cleanup_ctx.append(lifetime)
+    return app
+
+
+async def stop(app: web.Application) -> None:
+    """End every open stream, the feed reader and chain checks (first thing at shutdown)."""
+    console = app[CONSOLE]
+    await console.streams.close_all()
+    await console.pump.aclose()
+    if console.runs is not None:
+        await console.runs.aclose()

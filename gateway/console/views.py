@@ -1,0 +1,170 @@
+"""The overview and the rejections feed: page, live stream, CSV/JSON export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from typing import Any
+
+import aiohttp_jinja2
+from aiohttp import web
+
+from gateway.console.data import (
+    REASONS,
+    SCAN_CAP,
+    BadFilter,
+    Filters,
+    Row,
+    entry_id,
+    feed_after,
+    feed_page,
+    feed_top,
+    redis_call,
+)
+from gateway.console.live import id_key, next_or_closed, open_stream
+from gateway.console.site import CONSOLE, render, session_of
+
+__all__ = ["add_routes"]
+
+PAGE = 50
+EXPORT_MAX = 10_000
+BACKFILL = 500  # entries read per stream connection before it ends (the browser resumes)
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _call(request: web.Request) -> Any:
+    return redis_call(request.app[CONSOLE].store_of)
+
+
+async def overview(request: web.Request) -> web.Response:
+    session = session_of(request)
+    store = request.app[CONSOLE].store
+    now_ms = int(time.time() * 1000)
+    data: dict[str, Any] = await store.overview(session.tenant, now_ms=now_ms)
+    return render(request, "overview.html", {"overview": data, "now_ms": now_ms})
+
+
+async def rejections(request: web.Request) -> web.Response:
+    session = session_of(request)
+    filters = Filters.parse(request.query)
+    cursor = entry_id(request.query.get("cursor"))
+    call = _call(request)
+    top = await feed_top(call, session.tenant)
+    rows, next_cursor = await feed_page(call, session.tenant, filters, cursor=cursor, limit=PAGE)
+    # live while looking at the newest page of a window that is still open
+    live = request.query.get("live", "1") != "0" and cursor is None and filters.until_ms is None
+    return render(
+        request,
+        "rejections.html",
+        {
+            "rows": rows,
+            "filters": filters,
+            "reasons": REASONS,
+            "next_cursor": next_cursor,
+            "cursor": cursor,
+            "live": live,
+            "top": top,
+            "scan_cap": SCAN_CAP,
+        },
+    )
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell a spreadsheet will not run as a formula (values come from outside)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
+async def export(request: web.Request) -> web.StreamResponse:
+    """The filtered set, newest first, as CSV or JSON (at most :data:`EXPORT_MAX` rows)."""
+    session = session_of(request)
+    kind = request.match_info["kind"]
+    filters = Filters.parse(request.query)
+    call = _call(request)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/csv; charset=utf-8" if kind == "csv" else "application/json",
+            "Content-Disposition": f'attachment; filename="rejections-{session.tenant}.{kind}"',
+        }
+    )
+    await response.prepare(request)
+    fields = ("id", "at", "job_id", "job_entry", "step", "reason", "presented", "current",
+              "worker_id", "adapter")  # fmt: skip
+    if kind == "csv":
+        buf = io.StringIO()
+        csv.writer(buf).writerow(fields)
+        await response.write(buf.getvalue().encode())
+    else:
+        await response.write(b"[")
+    cursor: str | None = None
+    written = 0
+    while written < EXPORT_MAX:
+        rows, cursor = await feed_page(call, session.tenant, filters, cursor=cursor, limit=500)
+        rows = rows[: EXPORT_MAX - written]
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        for row in rows:
+            item = row.as_dict()
+            if kind == "csv":
+                writer.writerow([_cell(item[f]) for f in fields])
+            else:
+                buf.write(("," if written else "") + json.dumps(item, separators=(",", ":")))
+            written += 1
+        await response.write(buf.getvalue().encode())
+        if cursor is None:
+            break
+    if kind == "json":
+        await response.write(b"]\n")
+    await response.write_eof()
+    return response
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    """New rows as they arrive (SSE, ``id`` = the feed entry id; ``Last-Event-ID`` resumes)."""
+    console = request.app[CONSOLE]
+    session = session_of(request)
+    filters = Filters.parse(request.query)
+    try:
+        after = entry_id(request.headers.get("Last-Event-ID") or request.query.get("after"))
+    except BadFilter:
+        raise web.HTTPBadRequest(text="after: not a stream entry id") from None
+    call = _call(request)
+    queue = await console.pump.subscribe(session.tenant)
+    try:
+        async with open_stream(request, console.streams) as (sse, closed):
+            last = after or await feed_top(call, session.tenant)
+
+            async def send(entry: str, fields: dict[str, str]) -> None:
+                row = Row.of(entry, fields)
+                if filters.matches(row):
+                    html = aiohttp_jinja2.render_string("_row.html", request, {"row": row})
+                    await sse.send(html, id=entry, event="rejection")
+                else:  # the id alone: a reconnect resumes after it (no event fires)
+                    await sse.send("", id=entry)
+
+            backlog, more = await feed_after(call, session.tenant, last, BACKFILL)
+            for entry, fields in backlog:
+                await send(entry, fields)
+                last = entry
+            if more:  # end here; the browser reconnects with Last-Event-ID and goes on
+                return sse
+            while True:
+                entry, fields = await next_or_closed(queue, closed)
+                if not entry:
+                    break
+                if id_key(entry) <= id_key(last):
+                    continue
+                await send(entry, fields)
+                last = entry
+            return sse
+    finally:
+        console.pump.unsubscribe(session.tenant, queue)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", overview, name="overview")
+    app.router.add_get("/rejections", rejections, name="rejections")
+    app.router.add_get("/rejections/stream", stream, name="rejections_stream")
+    app.router.add_get(r"/rejections.{kind:csv|json}", export, name="export")

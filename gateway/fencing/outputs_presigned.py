@@ -1,0 +1,71 @@
+"""Recording outputs uploaded through a pre-signed URL (the completion's first step).
+
+The bytes bypassed the gateway, so nothing hashed them: before the completion script
+runs, each named output of the generation that was staged for a signed upload and is not
+recorded yet is read once from the store (size, sha256, content type) and the fenced
+record script runs for it. Nothing is decided here: a record the fence refuses is left
+to the completion script, which refuses and audits the completion itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+from redis.exceptions import RedisError
+
+from gateway.core.errors import ObjectStoreUnavailable, Rejection, StoreUnavailable
+from gateway.objects import ObjectStoreError
+from gateway.store.keys import JobKeys
+
+if TYPE_CHECKING:
+    from gateway.fencing.outputs import OutputService
+
+__all__ = ["record_presigned"]
+
+log = structlog.get_logger("fencegate.outputs")
+
+
+async def record_presigned(
+    service: OutputService, tenant: str, job: str, generation: int, names: Sequence[str]
+) -> list[str]:
+    """Record the presigned uploads of ``generation`` among ``names`` (module docstring)."""
+    keys = JobKeys(tenant, job)
+    try:
+        fence, cancelled, completed = await service.store.client.hmget(
+            keys.job, "fence", "cancelled", "completed"
+        )
+    except (RedisError, OSError) as exc:
+        raise StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}") from exc
+    if cancelled or completed or fence is None or int(fence) != generation:
+        return []  # the completion script refuses it (and audits) by itself
+    done: list[str] = []
+    for name in names:
+        entry = await service.entry(keys, generation, name)
+        if entry is None or entry.state != "staged" or not entry.presigned:
+            continue
+        try:
+            opened = await service.objects.open(entry.key)
+            if opened is None:
+                continue
+            info, ctype, chunks = opened
+            digest, size = hashlib.sha256(), 0
+            async for chunk in chunks:
+                digest.update(chunk)
+                size += len(chunk)
+        except ObjectStoreError as exc:
+            raise ObjectStoreUnavailable(str(exc)) from exc
+        try:
+            recorded = await service._record(
+                keys, generation, name, entry.upload, entry.worker_id, size=size,
+                sha256=digest.hexdigest(), content_type=ctype or entry.content_type,
+                etag=info.etag,
+            )  # fmt: skip
+        except Rejection as exc:  # refused by the fence: the completion script decides
+            log.info("output_record_refused", job_id=job, name=name, reason=str(exc))
+            continue
+        if recorded is not None:
+            done.append(name)
+    return done
