@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/fencegate.example.toml
 
-.PHONY: run test lint docs dist pytest browser bench bench-soak profile chaos demo venv clean all hostile
+.PHONY: run test lint docs dist pytest browser bench bench-replication bench-soak profile chaos demo venv clean all hostile
 
 all: test
 
@@ -54,6 +54,10 @@ dist: $(STAMP)
 	$(BIN)/python -m build --outdir dist .
 
 test: lint docs pytest
+
+# the replicated acknowledgement's cost (redis.replicas_acked 1 vs 0, a Valkey primary + replica)
+bench-replication: $(STAMP)
+	$(BIN)/python -m benchmarks.replication $(BENCH_ARGS)
 
 bench-soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak $(SOAK_ARGS)

@@ -261,7 +261,9 @@ def create_app(
         if settings.redis.replicas_acked:  # the replication topology, checked periodically
 
             def topology(report: Topology) -> None:
-                store.topology_problems = report.problems
+                # allow_volatile waived the refusal at start: logged, not a readiness failure
+                waived = settings.redis.allow_volatile
+                store.topology_problems = [] if waived else report.problems
 
             tickers.append(
                 asyncio.create_task(

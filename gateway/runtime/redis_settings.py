@@ -1,10 +1,12 @@
-"""The ``[redis]`` section of the settings (see :mod:`gateway.runtime.settings`)."""
+"""The ``[redis]`` section of the settings (:mod:`gateway.runtime.settings`, which re-exports
+it): frozen, unknown keys refused, like every section."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["RedisSettings"]
 
@@ -38,26 +40,12 @@ class RedisSettings(_Section):
     auto_init: bool = False
     # How long a deciding script's reply is remembered for a re-send of the same request.
     request_memory_seconds: Annotated[float, Field(ge=5, le=3600)] = 60.0
-    # The replicated acknowledgement (gateway.replication): no verdict leaves the gateway
-    # before its writes (and those its script read) are fsynced on the primary and on this
-    # many replicas (WAIT + WAITAOF at the tail of each pipelined batch); 0: off. Set it to
-    # the number of promotable replicas of each primary (checked at start and periodically).
+    # R: no verdict before its writes (and what its scripts read) are fsynced on the primary
+    # and R replicas (gateway.store.replication); R = each primary's replicas; 0: off. Each of
+    # the two waits is bounded (then 503); the topology is checked again every interval.
     replicas_acked: Annotated[int, Field(ge=0, le=16)] = 0
-    # Bound on each of the two waits; a batch whose replicas did not acknowledge in time
-    # answers 503 store_unavailable (at most twice this after its scripts ran).
     replica_ack_timeout_ms: Annotated[int, Field(ge=1, le=30_000)] = 500
-    # How often the replication topology (versions, AOF settings, promotable replicas) is
-    # checked again while serving (replicas_acked > 0).
     topology_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
-
-    @model_validator(mode="after")
-    def _ack_fits_timeout(self) -> RedisSettings:
-        if self.replicas_acked and 2 * self.replica_ack_timeout_ms >= self.timeout_seconds * 1000:
-            raise ValueError(
-                "replica_ack_timeout_ms: both waits (2 x replica_ack_timeout_ms) must fit in "
-                f"timeout_seconds ({self.timeout_seconds} s), or every batch times out instead"
-            )
-        return self
 
     @field_validator("url", mode="before")
     @classmethod
@@ -72,12 +60,14 @@ class RedisSettings(_Section):
         rest = [e.split("://", 1)[-1].rsplit("@", 1)[-1] for e in entries[1:]]
         return ",".join([first, *rest])
 
-    @model_validator(mode="after")
-    def _cluster_needs_seeds(self) -> RedisSettings:
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> RedisSettings:  # cluster and seeds; the acks within the timeout
         if self.cluster and not self.url:
             raise ValueError(
                 "redis.cluster needs redis.url (seed nodes): the embedded Redis is standalone"
             )
         if not self.cluster and "," in self.url.split("?", 1)[0]:
             raise ValueError("redis.url names several nodes: set redis.cluster = true")
+        if self.replicas_acked and 2 * self.replica_ack_timeout_ms >= self.timeout_seconds * 1000:
+            raise ValueError("replica_ack_timeout_ms: twice it must fit in timeout_seconds")
         return self

@@ -295,12 +295,17 @@ class StoreBase:
             if checks["marker"]:
                 await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
                 checks["writable"] = True
-                if acking:  # through the auto-pipeline: its tail is what the verdicts wait for
+                cluster = isinstance(self._batcher, ClusterRouter)
+                if acking and not cluster:  # through the auto-pipeline, as the verdicts
                     probe = ("SET", READY_PROBE, "1", "PX", "10000")
                     await self._guard(lambda: self._batcher.execute(*probe))
                     checks["replicas_acked"] = True
             if isinstance(self._batcher, ClusterRouter):  # every slot served, every primary up
                 checks["cluster"] = False
+                if acking:  # each shard: a batch on its primary acknowledged now
+                    shards = await self._guard(self._batcher.acknowledging)
+                    checks.update({f"replicas_acked {node}": ok for node, ok in shards.items()})
+                    checks["replicas_acked"] = checks["marker"] and all(shards.values())
                 checks["cluster"] = await self._guard(self._batcher.healthy)
         except (StoreUnavailable, RedisError):
             pass

@@ -47,7 +47,13 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
-from redis.exceptions import AskError, ClusterDownError, NoScriptError, ResponseError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    NoScriptError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -235,11 +241,12 @@ class Batcher:
             self.ack_status.note(not reason, reason, len(calls))
             if reason:  # not one reply of this batch may leave: they all depend on it
                 failure = self.ack.failure(reason)
+                failure.stale_map = isinstance(acked[0], AskError)  # MOVED or ASK
                 for call in calls:
-                    # ... but a Cluster redirection says the command did not run there: it
-                    # goes back to the router as it is, to be sent where its slot lives
-                    own = call.reply if isinstance(call.reply, _NOT_RUN) else failure
-                    _settle(call, own)
+                    # a redirected command did not run (Cluster): its own error, so the router
+                    # sends it where it belongs (and reads the map again)
+                    redirected = call.answered and isinstance(call.reply, _NOT_RUN)
+                    _settle(call, call.reply if redirected else failure)
                 return
         for call in calls:
             if call.answered:

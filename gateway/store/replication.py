@@ -54,6 +54,8 @@ class NotReplicated(RedisConnectionError):
     """
 
     applied = True
+    # Cluster: the covering write was redirected (MOVED/ASK): the router's slot map is stale
+    stale_map = False
 
 
 def hash_slot(key: str) -> int:

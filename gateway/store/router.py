@@ -193,6 +193,15 @@ class ClusterRouter:
         )
         return all(r in ("PONG", b"PONG", True) for r in replies)
 
+    async def acknowledging(self) -> dict[str, bool]:
+        """replicas_acked: per primary, whether a batch there is acknowledged now (a ``PING``
+        through its acknowledged batcher: its covering write, ``WAIT``, ``WAITAOF``)."""
+        nodes = await self.primaries()
+        replies = await asyncio.gather(
+            *(self._node(n).submit(("PING",), None) for n in nodes), return_exceptions=True
+        )
+        return {n: r in ("PONG", b"PONG", True) for n, r in zip(nodes, replies, strict=True)}
+
     async def aclose(self) -> None:
         self._closed = True
         if self._refresh is not None:
@@ -278,6 +287,8 @@ class ClusterRouter:
         backoff = 0.01
         for _ in range(_MAX_REDIRECTS * 4):
             if isinstance(error, NotReplicated):  # it ran; its 503 is the acknowledgement's
+                if error.stale_map:  # the covering write went to a slot this node lost
+                    self._refresh_soon()
                 raise error
             if error is not None:
                 if isinstance(error, MovedError):
