@@ -380,7 +380,7 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     await store.initialize(auto=False, confirm_data_loss=False)
     keys = JobKeys("default", f"floor-{secrets.token_hex(3)}")
     await store.register(keys, 1, None)
-    admit_sha, record_sha = store._shas["admit-5"], store._shas["record-2"]
+    admit_sha, record_sha = store._shas["admit-6"], store._shas["record-3"]
     checkpoint_sha = store._shas["checkpoint-3"]
 
     def trailer(rid: str) -> tuple[list[str], list[str]]:

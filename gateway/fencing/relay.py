@@ -1,4 +1,4 @@
-"""The async relay: queued steps claimed under the fence (``relay-4``) and dispatched, fair
+"""The async relay: queued steps claimed under the fence (``relay-5``) and dispatched, fair
 across tenants; the sweep that finds a step whose hint was lost."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The async relay's queue in Redis: per-slot queues (the truth), per-tenant hints, the sweep
-that finds a lost hint, and the claim (``relay-4``)."""
+that finds a lost hint, and the claim (``relay-5``)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ class RelayQueue(StoreBase):
         nothing to send (the step has left the queue)."""
         dispatch_id = dispatch_id or scripts._dispatch_id()
         reply = await self._run(
-            "relay-4",
+            "relay-5",
             keys,
             (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
             (

@@ -28,15 +28,15 @@ from gateway.store.cluster import connect_cluster
 from gateway.store.replication import NotReplicated
 
 SCRIPT_NAMES = (
-    "admit-5",
-    "record-2",
+    "admit-6",
+    "record-3",
     "register-2",
     "heartbeat-2",
     "cancel-1",
     "reject-2",
-    "resolve-4",
-    "relay-4",
-    "void-3",
+    "resolve-5",
+    "relay-5",
+    "void-4",
     "checkpoint-3",
     "complete-3",
     # attempt-scoped outputs (gateway.fencing.outputs)

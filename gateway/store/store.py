@@ -101,7 +101,7 @@ _DETAILS = {
     "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
 
-_REGISTERED_LAST = {0: 7, 2: 3, 4: 3}  # admit-5 replies ending with a registration's audit id
+_REGISTERED_LAST = {0: 7, 2: 3, 4: 3}  # admit-6 replies ending with a registration's audit id
 
 
 class Store(RelayQueue, StoreReads):
@@ -227,7 +227,7 @@ class Store(RelayQueue, StoreReads):
         """Record an operator's finding for an ``unknown`` step (audited; ``operator`` is the
         entry's worker_id, ``by`` the key's name, else its role)."""
         reply = await self._run(
-            "resolve-4",
+            "resolve-5",
             keys,
             (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
             (
@@ -297,7 +297,7 @@ class Store(RelayQueue, StoreReads):
         """
         dispatch_id = dispatch_id or scripts._dispatch_id()
         reply = await self._run(
-            "admit-5",
+            "admit-6",
             keys,
             (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
             (
@@ -351,7 +351,7 @@ class Store(RelayQueue, StoreReads):
         never will), 'released' / 'unknown' (it had run; the step is as before it), or what
         was there instead ('queued', 'answered', a state): nothing to undo."""
         reply = await self._run(
-            "void-3",
+            "void-4",
             keys,
             (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.needs),
             (dispatch_id, self._retention, keys.member(step)),
@@ -376,7 +376,7 @@ class Store(RelayQueue, StoreReads):
         when the step is no longer held by this dispatch. A relay dispatch that ends
         ``released`` stays queued, due at ``retry_due_ms``."""
         reply = await self._run(
-            "record-2",
+            "record-3",
             keys,
             (keys.effect(step), keys.relayq, keys.needs),
             (

@@ -230,7 +230,7 @@ class Wire:
     def _eval(self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]) -> Any:
         name = self.names.get(sha, sha)
         rid = args[-4]  # the prelude's trailer: request id, memory, seen, audit key
-        fx = {"admit-5": keys[1], "relay-4": keys[0]}.get(name)
+        fx = {"admit-6": keys[1], "relay-5": keys[0]}.get(name)
         if fx and rid not in self.ran:  # what the authorising run sees before it runs
             state, resolved = self.r.hmget(fx, "state", "resolved_by")
         try:
@@ -242,7 +242,7 @@ class Wire:
             # An authorising script's run, read right after it: a re-send of the same request
             # gets its remembered reply, so the authority is this run's, not the re-send's.
             pipe = self.r.pipeline(transaction=False)
-            pipe.hmget(keys[0] if name == "admit-5" else keys[1], "fence", "cancelled")
+            pipe.hmget(keys[0] if name == "admit-6" else keys[1], "fence", "cancelled")
             pipe.hget(fx, "intent_sha256")
             (fence, cancelled), pinned = pipe.execute()
             self.ran[rid] = (int(fence or 0), cancelled == "1", pinned or "", state or "-",
@@ -278,15 +278,15 @@ def writes_audit(script: str, reply: list[Any]) -> bool:
     code = int(reply[0])
     if code == 9:  # every rejection is audited by the script that decided it
         return True
-    if script == "admit-5" and code == 0:  # a superseded pending step, a registration
+    if script == "admit-6" and code == 0:  # a superseded pending step, a registration
         return bool(reply[5] or reply[6])
-    if script == "admit-5" and code == 4:
+    if script == "admit-6" and code == 4:
         return bool(reply[1] or reply[2])
     if script == "register-2" and code == 0:  # a new generation: recorded in the chain
         return True
-    if script == "relay-4" and code == 3:  # released as superseded / lease_expired
+    if script == "relay-5" and code == 3:  # released as superseded / lease_expired
         return bool(reply[2])
-    return script == "resolve-4" and code == 0  # operator_resolved_<outcome>
+    return script == "resolve-5" and code == 0  # operator_resolved_<outcome>
 
 
 def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
@@ -295,7 +295,7 @@ def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
     code = int(reply[0])
     if code == 9:  # rejected: reason, presented, current, audit id
         return (9, *reply[1:5])
-    if script == "admit-5":
+    if script == "admit-6":
         if code in (0, 4):  # Admitted(...) / Queued, with the superseded audit id
             return (code, *reply[1:])
         if code == 5:  # Queued: accepted again
@@ -570,7 +570,7 @@ class Driver:
         return Effects(f"send gen={gen} {pj} -> {outcome}", sends=[s])
 
     async def record(self, step: str, did: str, rid: str, outcome: str) -> tuple[bool | None, str]:
-        """_record: one try of record-2 (held; None: no answer, the caller tries again with
+        """_record: one try of record-3 (held; None: no answer, the caller tries again with
         the same request id)."""
         state = RECORDS[outcome]
         result = {"n": 1} if state == "succeeded" else None

@@ -47,13 +47,13 @@ TAKEOVER = HOLES[0]  # A: generation 1 async; B: generation 2 sync; the downstre
 @pytest.mark.timeout(600)
 def test_mutation_admit_without_its_stale_check() -> None:
     line = "if gen < fence then return reject('stale_generation') end"
-    (rep,) = explore([ZOMBIE], mutate=[("admit-5", line, "")])
+    (rep,) = explore([ZOMBIE], mutate=[("admit-6", line, "")])
     assert found(rep, "I-stale", "below the fence: admit"), render([rep])
 
 
 @pytest.mark.timeout(600)
 def test_mutation_relay_claim_without_the_fence_check_is_hole_2() -> None:
-    (rep,) = explore([TAKEOVER], mutate=[("relay-4", "if gen < fence then", "if false then")])
+    (rep,) = explore([TAKEOVER], mutate=[("relay-5", "if gen < fence then", "if false then")])
     assert found(rep, "I-stale", "below the fence: relay_claim"), render([rep])
 
 
@@ -68,8 +68,8 @@ def test_mutation_payload_not_bound_to_the_intent_is_hole_1() -> None:
         + "  redis.call('ZREM', KEYS[5], member)\n"
     )
     mutations = [
-        ("admit-5", drop, keep),
-        ("relay-4", "if not fx[6] or fx[7] ~= fx[8] then", "if not fx[6] then"),
+        ("admit-6", drop, keep),
+        ("relay-5", "if not fx[6] or fx[7] ~= fx[8] then", "if not fx[6] then"),
     ]
     (rep,) = explore([TAKEOVER], mutate=mutations)
     assert found(rep, "I-intent", "not the pinned intent: relay_claim"), render([rep])
@@ -90,7 +90,7 @@ def test_mutation_record_without_the_index_update() -> None:
     """Issue 17: a recorded outcome that leaves the step in the "needs a decision" index is
     found (the index is checked after every step, I-index)."""
     line = "index(KEYS[3], ARGV[6], state, fmt(now))\n"
-    (rep,) = explore([ZOMBIE], mutate=[("record-2", line, "")])
+    (rep,) = explore([ZOMBIE], mutate=[("record-3", line, "")])
     assert found(rep, "I-index", "succeeded, indexed"), render([rep])
 
 
@@ -99,5 +99,5 @@ def test_mutation_relay_claim_without_the_index_update() -> None:
     """A relay claim that does not index its dispatch: a relay that dies holding the step
     would never show up as "dispatching past its deadline" (I-index)."""
     line = "index(KEYS[5], member, 'dispatching', fmt(deadline))\n"
-    (rep,) = explore([TAKEOVER], mutate=[("relay-4", line, "")])
+    (rep,) = explore([TAKEOVER], mutate=[("relay-5", line, "")])
     assert found(rep, "I-index", "dispatching, not indexed"), render([rep])

@@ -83,3 +83,17 @@ def test_public_import_paths_keep_working() -> None:
     # third-party adapters register here (exercised with a real dist-info in
     # tests/integration/test_downstream_and_registry.py)
     assert registry.ENTRY_POINT_GROUP == "fencegate.adapters"
+
+
+def test_each_scripts_name_says_how_many_keys_it_takes() -> None:
+    """``admit-6`` takes six KEYS (before the prelude's trailer): the name is the contract a
+    reader checks the store's call against."""
+    import re
+
+    from gateway.store.scripts import SCRIPT_NAMES
+
+    lua = ROOT / "gateway" / "store" / "lua"
+    assert {p.stem for p in lua.glob("*-*.lua")} == set(SCRIPT_NAMES)
+    for name in SCRIPT_NAMES:
+        used = {int(k) for k in re.findall(r"KEYS\[(\d+)\]", (lua / f"{name}.lua").read_text())}
+        assert used == set(range(1, int(name.rsplit("-", 1)[1]) + 1)), name
