@@ -136,10 +136,11 @@ async def test_a_completion_redis_never_answers_is_503_and_sending_it_again_repl
     """Both the call and its re-send (same request id) get no answer in time: 503, "it may
     have been recorded". The script did run: the same completion sent again replays it, and
     another body is refused."""
-    gw: Gateway = await make_gateway(redis={"url": proxy.url, "timeout_seconds": 0.4})
+    # a timeout wide enough that the re-send gets a connection on a loaded CI machine
+    gw: Gateway = await make_gateway(redis={"url": proxy.url, "timeout_seconds": 1.0})
     await gw.register("r", generation=1)
-    first = proxy.on_reply_to(b"zz-unanswered", "hold", seconds=1.5)
-    second = proxy.on_reply_to(b"zz-unanswered", "hold", seconds=1.5)
+    first = proxy.on_reply_to(b"zz-unanswered", "hold", seconds=3.0)
+    second = proxy.on_reply_to(b"zz-unanswered", "hold", seconds=3.0)
     resp = await complete(gw, 1, result="zz-unanswered")
     assert await code(resp) == (503, "store_unavailable")
     assert "may have been recorded" in (await resp.json())["detail"]

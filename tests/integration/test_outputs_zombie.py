@@ -490,10 +490,12 @@ async def test_a_zombies_checkpoint_resent_after_the_fence_moved_is_refused(
     """A (gen 1) writes a checkpoint; Redis's reply is late past the timeout (503: it may
     have been written). B takes over and writes its own. A sends its checkpoint again:
     refused (stale, audited), B's value stands, and B's reader sees B's generation."""
-    zombie = await make_gateway(redis={"url": proxy.url, "timeout_seconds": 0.4})
+    # margins wide enough for a loaded 2-core CI machine: the hold outlasts the timeout by far,
+    # and the re-send comes well after the held reply was let go
+    zombie = await make_gateway(redis={"url": proxy.url, "timeout_seconds": 1.0})
     direct = await make_gateway()
     await register(direct)
-    proxy.on_reply_to(b"zz-a-progress", "hold", seconds=1.5)
+    held = proxy.on_reply_to(b"zz-a-progress", "hold", seconds=2.5)
     path = f"/v1/jobs/{JOB}/checkpoints/progress"
     headers = {"Fencing-Token": "1", "Content-Type": "application/json"}
     first = await zombie.client.put(path, data=b'{"page":"zz-a-progress"}', headers=headers)
@@ -503,7 +505,8 @@ async def test_a_zombies_checkpoint_resent_after_the_fence_moved_is_refused(
         path, data=b'{"page":"B"}', headers={**headers, "Fencing-Token": "2"}
     )
     assert b.status == 200
-    await asyncio.sleep(1.6)
+    assert held.fired.is_set()
+    await asyncio.sleep(3.0)
     again = await zombie.client.put(path, data=b'{"page":"zz-a-progress"}', headers=headers)
     assert again.status == 409 and (await again.json())["code"] == "stale_generation"
     got = await (await direct.client.get(path)).json()
