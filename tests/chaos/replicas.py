@@ -124,7 +124,7 @@ class ReplicaChaos(Chaos):
 
     async def run(self) -> dict[str, Any]:
         await self.setup()
-        rounds = 24 if self.long else 3  # fault turns (each kind once in the short run)
+        rounds = 24 if self.long else len(self.FAULTS)  # fault turns (short: each kind once)
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
                 stop = asyncio.Event()

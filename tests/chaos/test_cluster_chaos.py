@@ -1,6 +1,7 @@
 """The short chaos run on a Valkey Cluster (make test): 3 primaries + 3 replicas,
 replicas_acked = 1, two gateways a worker's calls hop between; a primary kill -9 (automatic
-failover), a replica stop and a plain CLUSTER FAILOVER under zombie traffic. `make chaos`
+failover), a replica stop, a plain CLUSTER FAILOVER and a lagging replica's promotion after kill -9
+under zombie traffic. `make chaos`
 runs the long one."""
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ def test_short_cluster_chaos_run_holds_every_invariant() -> None:
     ok, report = run(seed, long=False)
     print("\n" + report)
     assert ok, report
-    assert _figure(report, "primary kills / replica stops / plain failovers") == "1 / 1 / 1"
-    assert _figure(report, "failovers (automatic after kill -9 + plain)") == "2"
+    faults = "primary kills / replica stops / plain failovers / lagging kills"
+    assert _figure(report, faults) == "1 / 1 / 1 / 1"
+    assert _figure(report, "failovers (automatic after kill -9 + plain)") == "3"
     assert _figure(report, "stale effects applied") == "0"
     assert _figure(report, "superseded sends (must be 0)") == "0"
     applied, duplicates = _figure(report, "effects applied downstream / duplicates").split(" / ")
