@@ -39,8 +39,11 @@ browser:
 	  else echo "make: chromium is missing (run as root, or: sudo apt-get install chromium)" >&2; \
 	  fi; }
 
+# two workers, each module's tests on one worker (module fixtures, one Redis per worker);
+# PYTEST_WORKERS=0 runs everything in this process
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP) browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # the docs site (mkdocs.yml) into site/; --strict: a broken link or anchor, a missing page
 # or a page left out of the nav fails it
