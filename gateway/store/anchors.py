@@ -47,6 +47,7 @@ import structlog
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.runtime.settings import ConfigError, Settings
+from gateway.store.cluster import is_cluster
 from gateway.store.keys import JobKeys
 
 __all__ = [
@@ -155,14 +156,25 @@ class Anchorer:
         self._kid = key_id(self._key) if self._key else ""
         self._task: asyncio.Task[None] | None = None
 
-    async def _read(self, job: JobKeys, seen: str) -> dict[str, Any] | None:
-        pipe = self._client.pipeline(transaction=True)  # one slot: the job's hash tag
+    async def _snapshot(self, job: JobKeys, seen: str) -> list[Any]:
+        # redis-py's RedisCluster runs each command queued on a transaction pipeline in a new
+        # thread with its own event loop and joins it: after a failover (the client marked
+        # for re-initialisation) that thread waits on the main loop's connections forever and
+        # the join blocks the whole gateway. On a cluster: one plain pipeline (one slot, one
+        # node, one round trip), not atomic; a chain extended between its reads is re-read.
+        pipe = self._client.pipeline(transaction=not is_cluster(self._client))
         pipe.hmget(job.job, "audit_head", "audit_last")
         pipe.xlen(job.audit)
         pipe.xrevrange(job.audit, count=1)
         pipe.xrange(job.audit, seen, seen)
-        (head, last), count, newest, seen_rows = await pipe.execute()
-        newest_id = newest[0][0] if newest else None
+        return list(await pipe.execute())
+
+    async def _read(self, job: JobKeys, seen: str) -> dict[str, Any] | None:
+        for _ in range(3 if is_cluster(self._client) else 1):
+            (head, last), count, newest, seen_rows = await self._snapshot(job, seen)
+            newest_id = newest[0][0] if newest else None
+            if seen_rows and last and last == newest_id:
+                break
         if not seen_rows or not last or last != newest_id:
             log.error(
                 "audit_chain_inconsistent",

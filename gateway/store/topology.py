@@ -3,8 +3,10 @@
 Checked at start (``fencegate serve`` refuses to start on a problem, unless
 ``allow_volatile``) and every ``redis.topology_interval_seconds`` while serving (a problem
 makes ``/readyz`` answer 503 and is logged). For every primary (the URL's server; on a
-Cluster every primary of ``CLUSTER SHARDS``) and every replica of it, each one connected
-to by its own address:
+Cluster every primary of ``CLUSTER SHARDS``, asked of the first seed that answers) and every
+replica its own INFO replication lists with an online link (not the shard's health string:
+``CLUSTER SHARDS`` says ``loading`` until a shard had a write), each one connected to by its
+own address:
 
 * Redis/Valkey >= 7.2 (``WAITAOF`` exists; replicas report their fsynced offset);
 * ``appendonly yes`` and ``appendfsync always`` (primaries *and* replicas: a promoted
@@ -31,8 +33,6 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
-
-from gateway.store.cluster import first_seed
 
 __all__ = ["NodeFacts", "Shard", "Topology", "check_topology", "node_url", "watch"]
 
@@ -145,23 +145,21 @@ def _replicas_of(replication: Mapping[str, Any]) -> list[tuple[str, int]]:
     return out
 
 
-def _cluster_shards(raw: Sequence[Any]) -> list[tuple[tuple[str, int], list[tuple[str, int]]]]:
-    """(primary, [online replicas]) per shard from ``CLUSTER SHARDS``."""
-    shards = []
+def _cluster_primaries(raw: Sequence[Any]) -> list[tuple[str, int]]:
+    """The primary of every shard that serves slots, from ``CLUSTER SHARDS``.
+
+    Its replicas are not taken from there: ``CLUSTER SHARDS`` calls a replica ``loading``
+    until its shard has had a write (a brand-new cluster would look broken), and its health
+    string says nothing of the replication link. The primary's own INFO replication
+    (``slaveN:...,state=online``) is what ``WAIT`` counts, so that is what is judged."""
+    primaries = []
     for entry in raw:
         shard = _pairs(entry)
-        primary: tuple[str, int] | None = None
-        replicas = []
         for node_raw in shard.get("nodes", []):
             node = _pairs(node_raw)
-            address = (str(node.get("ip") or node.get("endpoint")), int(node["port"]))
-            if node.get("role") == "master":
-                primary = address
-            elif node.get("health") == "online":
-                replicas.append(address)
-        if primary is not None and shard.get("slots"):
-            shards.append((primary, replicas))
-    return shards
+            if node.get("role") == "master" and shard.get("slots"):
+                primaries.append((str(node.get("ip") or node.get("endpoint")), int(node["port"])))
+    return primaries
 
 
 def _node_problems(facts: NodeFacts, what: str, warnings: list[str]) -> list[str]:
@@ -188,41 +186,73 @@ def _node_problems(facts: NodeFacts, what: str, warnings: list[str]) -> list[str
     return problems
 
 
-async def check_topology(url: str, replicas: int, *, io_timeout: float = 5.0) -> Topology:
-    """Every primary and its replicas against what ``replicas_acked = replicas`` needs."""
-    url = first_seed(url)  # a cluster's seed list: the first seed tells the whole layout
-    seed = urlsplit(url)
-    seed_address = f"{seed.hostname}:{seed.port or 6379}" if seed.hostname else url
-    seed_facts, replication = await _facts(url, seed_address, io_timeout)
-    problems: list[str] = []
-    warnings: list[str] = []
-    if seed_facts.error:
-        return Topology([], [f"Redis at {seed_address} is unreachable ({seed_facts.error})"], [])
-    layout: list[tuple[tuple[str, int] | None, list[tuple[str, int]]]]
-    cluster = False
-    client = aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=io_timeout)
+def _seed_urls(url: str) -> list[str]:
+    """One URL per seed of a cluster's seed list (a URL of one node: itself)."""
+    scheme, sep, rest = url.partition("://")
+    hosts, slash, tail = rest.partition("/")
+    creds, at, nodes = hosts.rpartition("@")
+    return [f"{scheme}{sep}{creds}{at}{node}{slash}{tail}" for node in nodes.split(",") if node]
+
+
+def _address(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else url
+
+
+async def _layout(
+    url: str, io_timeout: float
+) -> tuple[NodeFacts, dict[str, Any], bool, list[tuple[str, int]] | None]:
+    """The seed's facts, its INFO replication, whether it is a cluster node, and (cluster)
+    the primaries of ``CLUSTER SHARDS``; ``facts.error`` set when the seed did not answer."""
+    facts, replication = await _facts(url, _address(url), io_timeout)
+    if facts.error:
+        return facts, replication, False, None
+    client = aioredis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=io_timeout, socket_connect_timeout=io_timeout
+    )
     try:
         info = await client.info("cluster")
-        cluster = str(info.get("cluster_enabled", "0")) == "1"
-        if cluster:
-            raw = await client.execute_command("CLUSTER", "SHARDS")  # type: ignore[no-untyped-call]
-            layout = list(_cluster_shards(raw))
+        if str(info.get("cluster_enabled", "0")) != "1":
+            return facts, replication, False, None
+        raw = await client.execute_command("CLUSTER", "SHARDS")  # type: ignore[no-untyped-call]
+        return facts, replication, True, _cluster_primaries(raw)
     except (RedisError, OSError) as exc:
-        return Topology([], [f"Redis at {seed_address}: {type(exc).__name__}: {exc}"], [])
+        facts.error = f"{type(exc).__name__}: {exc}"
+        return facts, replication, False, None
     finally:
         await client.aclose()
+
+
+async def check_topology(url: str, replicas: int, *, io_timeout: float = 5.0) -> Topology:
+    """Every primary and its replicas against what ``replicas_acked = replicas`` needs."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    errors = []
+    # a cluster's seed list: the first seed that answers tells the whole layout (a dead or
+    # paused seed is no verdict on the topology); a single node's URL is its own one seed
+    for seed_url in _seed_urls(url):
+        seed_facts, replication, cluster, primaries = await _layout(seed_url, io_timeout)
+        if not seed_facts.error:
+            url = seed_url
+            break
+        errors.append(f"Redis at {seed_facts.address} is unreachable ({seed_facts.error})")
+    else:
+        return Topology([], errors or [f"no seed node in {url!r}"], [])
+    layout: list[tuple[str, int] | None] = list(primaries or [])
     if not cluster:
         if seed_facts.role != "master":
-            problems.append(f"{seed_address} is a {seed_facts.role or '?'}, not a primary")
-        layout = [(None, _replicas_of(replication))]
+            problems.append(f"{seed_facts.address} is a {seed_facts.role or '?'}, not a primary")
+        layout = [None]
     shards: list[Shard] = []
-    for primary_address, replica_addresses in layout:
+    for primary_address in layout:
         if primary_address is None:
-            primary = seed_facts
+            primary, primary_replication = seed_facts, replication
         else:
-            primary, _ = await _facts(
+            primary, primary_replication = await _facts(
                 node_url(url, *primary_address), _fmt(primary_address), io_timeout
             )
+        # the replicas the primary itself counts as online: what WAIT can count
+        replica_addresses = [] if primary.error else _replicas_of(primary_replication)
         found = await asyncio.gather(
             *(_facts(node_url(url, h, p), _fmt((h, p)), io_timeout) for h, p in replica_addresses)
         )

@@ -42,13 +42,21 @@ from tests.chaos.wire import WireProxy
 from tests.valkey_replicas import ReplicaSet
 
 FAULTS = ("replica_stop", "primary_kill", "lagging_failover")
+REPLICATED = (  # the [redis] lines every replica chaos run's gateways get
+    "[redis]\nreplicas_acked = 1\nreplica_ack_timeout_ms = 200\ntopology_interval_seconds = 1\n"
+)
 
 
 class ReplicaChaos(Chaos):
+    # what a subclass (tests.chaos.cluster) changes: its fault kinds and the report's words
+    FAULTS: tuple[str, ...] = FAULTS
+    STORE = "Valkey primary + 1 replica, AOF always on both, replicas_acked = 1"
+    FAULTS_ROW = "replica stops / primary kills / lagging failovers"
+
     def __init__(self, workdir: Path, seed: int, long: bool) -> None:
         super().__init__(workdir, seed, long)
         self.rs = ReplicaSet(workdir / "valkey", replicas=1)
-        self.faults: dict[str, int] = dict.fromkeys(FAULTS, 0)
+        self.faults: dict[str, int] = dict.fromkeys(self.FAULTS, 0)
         self.writes_back_s: list[float] = []
         self.withheld = 0
 
@@ -95,24 +103,28 @@ class ReplicaChaos(Chaos):
             self.faults[fault] += 1
             print(f"fault {fault} done, {sum(self.faults.values())} so far", file=sys.stderr)
 
-    async def run(self) -> dict[str, Any]:
+    async def setup(self) -> None:
         await asyncio.to_thread(self.rs.start)
         self.down = Downstream()
-        runner = await self.down.start()
+        self.runner = await self.down.start()
         self.shas = script_shas()
         self.proxy = await WireProxy(self.rs.primary.port).start()
         self.dproxy = await WireProxy(self.down.port, log_http=True).start()
         self.gw = Gateway(self.workdir, f"redis://127.0.0.1:{self.proxy.port}/0", self.dproxy.port)
-        self.gw.cfg.write_text(
-            self.gw.cfg.read_text().replace(
-                "[redis]\n",
-                "[redis]\nreplicas_acked = 1\nreplica_ack_timeout_ms = 200\n"
-                "topology_interval_seconds = 1\n",
-            )
-        )
+        self.gw.cfg.write_text(self.gw.cfg.read_text().replace("[redis]\n", REPLICATED))
         self.gw.start()
         await self.gw.wait_up()
-        rounds = 24 if self.long else 3  # fault turns (each kind once in the short run)
+
+    async def teardown(self) -> None:
+        self.gw.close()
+        self.proxy.close()
+        self.dproxy.close()
+        await self.runner.cleanup()
+        self.rs.stop()
+
+    async def run(self) -> dict[str, Any]:
+        await self.setup()
+        rounds = 24 if self.long else len(self.FAULTS)  # fault turns (short: each kind once)
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
                 stop = asyncio.Event()
@@ -128,19 +140,18 @@ class ReplicaChaos(Chaos):
                 await self.settle(http, 20)
                 checks = await self.check(http)
         finally:
-            self.gw.close()
-            self.proxy.close()
-            self.dproxy.close()
-            await runner.cleanup()
-            self.rs.stop()
+            await self.teardown()
         return checks
+
+    def extra_rows(self) -> list[tuple[str, str]]:
+        return []
 
     def report(self, checks: dict[str, bool]) -> str:
         back = sorted(self.writes_back_s) or [0.0]
         rows = [
-            ("store", "Valkey primary + 1 replica, AOF always on both, replicas_acked = 1"),
-            ("replica stops / primary kills / lagging failovers",
-             " / ".join(str(self.faults[f]) for f in FAULTS)),
+            ("store", self.STORE),
+            (self.FAULTS_ROW, " / ".join(str(self.faults[f]) for f in self.FAULTS)),
+            *self.extra_rows(),
             ("failover to writes acknowledged again, p50 / max",
              f"{statistics.median(back):.2f} s / {back[-1]:.2f} s"),
             ("calls answered 503 (withheld or refused during faults)", str(self.withheld)),
@@ -151,9 +162,11 @@ class ReplicaChaos(Chaos):
         return head + sep + extra + "\n" + rest
 
 
-def run(seed: int, long: bool, keep: Path | None = None) -> tuple[bool, str]:
+def run(
+    seed: int, long: bool, keep: Path | None = None, kind: type[ReplicaChaos] = ReplicaChaos
+) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="fencegate-replica-chaos-") as tmp:
-        chaos = ReplicaChaos(Path(tmp), seed, long)
+        chaos = kind(Path(tmp), seed, long)
         checks = asyncio.run(chaos.run())
         report = chaos.report(checks)
         ok = all(checks.values())
@@ -161,21 +174,24 @@ def run(seed: int, long: bool, keep: Path | None = None) -> tuple[bool, str]:
             out = keep or Path(tempfile.mkdtemp(prefix="fencegate-replica-chaos-failed-"))
             out.mkdir(parents=True, exist_ok=True)
             chaos.dump(out / "history.json")
-            shutil.copy(Path(tmp) / "gateway.log", out / "gateway.log")
+            for log in Path(tmp).glob("**/gateway.log"):
+                name = str(log.relative_to(tmp)).replace("/", "-")
+                shutil.copy(log, out / name)
             report += f"\nreport, history, seed and logs kept in {out}"
             (out / "report.txt").write_text(report + "\n")
         return ok, report
 
 
-def main() -> None:
+def main(kind: type[ReplicaChaos] = ReplicaChaos) -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=sys.modules[kind.__module__].__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--long", action="store_true")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--keep", type=Path, help="where a failing run keeps its report")
     args = parser.parse_args()
-    ok, report = run(args.seed, args.long, args.keep)
+    ok, report = run(args.seed, args.long, args.keep, kind)
     print(report)
     sys.exit(0 if ok else 1)
 
