@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.store.embedded import EmbeddedRedis
 from tests.s3peer import MotoServer
 
 JOB = "render-7"
@@ -150,3 +151,12 @@ def write_config(tmp_path: Path, redis_url: str, objects: Objects) -> Path:
     cfg = tmp_path / "outputs.toml"
     cfg.write_text("\n".join(lines) + "\n")
     return cfg
+
+
+@pytest.fixture
+async def own_redis(tmp_path: Path) -> AsyncIterator[EmbeddedRedis]:
+    """A Redis of the test's own (killed, restarted, wiped by the test), not the session's."""
+    server = EmbeddedRedis(tmp_path / "own-redis", use_socket=False)
+    server.start()
+    yield server
+    server.stop()

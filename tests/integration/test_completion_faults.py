@@ -81,14 +81,6 @@ async def test_a_lost_checkpoint_reply_writes_once(
     assert stored["value"] == {"m": "zz-lost-checkpoint"} and stored["generation"] == 1
 
 
-@pytest.fixture
-async def own_redis(tmp_path: Path) -> AsyncIterator[EmbeddedRedis]:
-    server = EmbeddedRedis(tmp_path / "own-redis", use_socket=False)
-    server.start()
-    yield server
-    server.stop()
-
-
 async def test_redis_kill_9_and_restart_loses_no_completion(
     own_redis: EmbeddedRedis, upstream: Upstream, tmp_path: Path
 ) -> None:

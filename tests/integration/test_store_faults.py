@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -93,14 +91,6 @@ async def test_partial_loss_of_one_slot_fails_closed_for_that_job_only(
     redis_sync.delete(JobKeys("default", "a").marker)
     assert await problem_code(await gw.effect("a", "s", 1)) == (503, "store_unavailable")
     assert (await gw.effect("b", "s", 1)).status == 200
-
-
-@pytest.fixture
-async def own_redis(tmp_path: Path) -> AsyncIterator[EmbeddedRedis]:
-    server = EmbeddedRedis(tmp_path / "own-redis", use_socket=False)
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_redis_restart_keeps_fences_and_calls_recover(
