@@ -211,21 +211,32 @@ def gateway_settings(
     return load_settings(None, redis=redis_section, adapters=adapters, **sections)
 
 
+async def start_gateway(
+    settings: Settings,
+    tmp_path: Path,
+    clients: list[TestClient[Any, Any]],
+    headers: dict[str, str] | None = None,
+) -> Gateway:
+    """An in-process gateway on a free loopback port; its client joins ``clients`` (closed by
+    the fixture that owns the list)."""
+    app = create_app(
+        settings,
+        redis_url=settings.redis.url,
+        state_file=tmp_path / "state" / "fencegate.state",
+    )
+    client = TestClient(TestServer(app, host="127.0.0.1", port=0))
+    await client.start_server()
+    clients.append(client)
+    return Gateway(client=client, app=app, settings=settings, headers=headers or {})
+
+
 @pytest.fixture
 async def make_gateway(redis_url: str, upstream: Upstream, tmp_path: Path) -> AsyncIterator[Any]:
     clients: list[TestClient[Any, Any]] = []
 
     async def make(headers: dict[str, str] | None = None, **sections: Any) -> Gateway:
         settings = gateway_settings(redis_url, upstream.url, tmp_path, **sections)
-        app = create_app(
-            settings,
-            redis_url=settings.redis.url,
-            state_file=tmp_path / "state" / "fencegate.state",
-        )
-        client = TestClient(TestServer(app, host="127.0.0.1", port=0))
-        await client.start_server()
-        clients.append(client)
-        return Gateway(client=client, app=app, settings=settings, headers=headers or {})
+        return await start_gateway(settings, tmp_path, clients, headers)
 
     yield make
     for c in clients:

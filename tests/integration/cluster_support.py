@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 import redis
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from gateway.http.app import create_app
-from tests.conftest import Gateway, Upstream, gateway_settings
+from tests.conftest import Gateway, Upstream, gateway_settings, start_gateway
 from tests.valkey_cluster import ValkeyCluster
 
 
@@ -69,15 +68,7 @@ async def make_gateway(redis_url: str, upstream: Upstream, tmp_path: Path) -> As
             **sections.get("redis", {}),
         }
         settings = gateway_settings(redis_url, upstream.url, tmp_path, **sections)
-        app = create_app(
-            settings,
-            redis_url=settings.redis.url,
-            state_file=tmp_path / "state" / "fencegate.state",
-        )
-        client = TestClient(TestServer(app, host="127.0.0.1", port=0))
-        await client.start_server()
-        clients.append(client)
-        return Gateway(client=client, app=app, settings=settings, headers=headers or {})
+        return await start_gateway(settings, tmp_path, clients, headers)
 
     yield make
     for c in clients:
