@@ -230,6 +230,8 @@ def create_app(
                     await store.persist_marks()
                 except OSError as exc:
                     log.error("state_file_write_failed", error=str(exc))
+                with contextlib.suppress(StoreUnavailable):
+                    await store.witness()  # lost writes, whoever wrote since (standalone)
 
         async def sweeps() -> None:
             interval = settings.outputs.sweep_interval_seconds

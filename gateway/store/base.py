@@ -5,7 +5,11 @@ entries to the tenant-wide feed. The decisions are in :mod:`gateway.store.store`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import json
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -24,9 +28,12 @@ from gateway.store.cluster import all_markers, is_cluster, router_for
 from gateway.store.keys import (
     EPOCH,
     MARKER,
+    QUARANTINE,
     JobKeys,
     audit_feed,
+    witness,
 )
+from gateway.store.marks import MARKS_FILE, SlotMarks
 from gateway.store.replication import AckPolicy
 from gateway.store.router import ClusterRouter
 from gateway.store.scripts import (
@@ -67,9 +74,17 @@ class StoreBase:
         # Jobs whose audit chain got an entry in a reply seen here, with the newest such
         # entry's id: the anchorer's to-do (gateway.store.anchors).
         self.audit_touched: dict[JobKeys, str] = {}
-        # The highest value of each slot's marker seen in a reply (slot -> counter). A reply
-        # below it means the slot went back in time: the script refuses ({8, 'behind'}).
-        self.slot_seen: dict[int, int] = {}
+        # The highest value of each slot's marker seen in a reply (slot -> counter), shared
+        # by every process of the data dir (gateway.store.marks). A counter below it means
+        # the slot went back in time: the script refuses ({8, 'behind'}) and this store
+        # quarantines Redis for every gateway (went_back).
+        self.slot_seen = SlotMarks(state_file.with_name(MARKS_FILE) if state_file else None)
+        # this data dir's name in its witness key: the same for every process sharing it
+        where = os.path.realpath(state_file) if state_file else f"pid-{os.getpid()}"
+        self.host_id = hashlib.sha1(
+            f"{socket.gethostname()}:{where}".encode(), usedforsecurity=False
+        ).hexdigest()[:16]
+        self._going_back: asyncio.Task[None] | None = None
         self._persisted: dict[int, int] = {}  # the marks the state file held at the last write
         # the detail of a 503 for a missing slot marker (a Redis never initialised: UNINITIALISED)
         self.marker_missing_detail = MARKER_MISSING
@@ -171,18 +186,10 @@ class StoreBase:
             raise unavailable from exc
         seq = int(reply[0])
         if seq > seen:
-            self.slot_seen[slot] = seq
+            self.slot_seen.raise_to(slot, seq)
         if reply[1] == 8:
             if len(reply) > 2:
-                log.error(
-                    "redis_slot_went_back",
-                    slot=slot,
-                    counter=seq,
-                    seen=int(reply[3]),
-                    detail="writes this gateway saw acknowledged are gone (a restored backup, "
-                    "a lost tail of writes, a failover to a lagging replica): nothing is "
-                    "dispatched in this slot until `fencegate init --confirm-data-loss`",
-                )
+                await self.went_back(slot, seq, int(reply[3]))
                 raise StoreUnavailable(
                     "Redis has lost writes fencegate saw acknowledged (this job's slot went "
                     "back in time): fences may be gone, so nothing is dispatched. An operator "
@@ -194,6 +201,94 @@ class StoreBase:
         return reply
 
     # -- durability marker ---------------------------------------------------
+
+    async def went_back(self, slot: int, counter: int, seen: int) -> None:
+        """A script met its slot's counter below the mark: writes a gateway saw acknowledged are
+        gone. Quarantine Redis at once, for every gateway of every host (the markers removed:
+        every script fails closed), latch it for this data dir, and say why. Concurrent calls
+        that meet it share one quarantine."""
+        if self._going_back is None or self._going_back.done():
+            self._going_back = asyncio.ensure_future(self._quarantine(slot, counter, seen))
+        with contextlib.suppress(StoreUnavailable):  # Redis failed: the next call meets it again
+            await asyncio.shield(self._going_back)
+
+    async def _quarantine(self, slot: int, counter: int, seen: int) -> None:
+        self.slot_seen.latch(int(time.time() * 1000))
+        log.error(
+            "redis_slot_went_back",
+            slot=slot,
+            counter=counter,
+            seen=seen,
+            detail="writes a gateway of this host saw acknowledged are gone (a restored "
+            "backup, a lost tail of writes, a failover to a lagging replica): Redis is "
+            "quarantined for every gateway until `fencegate init --confirm-data-loss`",
+        )
+        await self._guard(
+            lambda: durability.quarantine(
+                self._client,
+                cause="slot_went_back",
+                slot=slot,
+                counter=counter,
+                seen=seen,
+                by=self.host_id,
+                pid=os.getpid(),
+            )
+        )
+
+    async def quarantine_cause(self) -> dict[str, Any] | None:
+        """Why Redis was quarantined (``fg:quarantine``), or None."""
+        raw = await self._guard(lambda: self._client.get(QUARANTINE))
+        if raw is None:
+            return None
+        try:
+            cause: dict[str, Any] = json.loads(raw)
+        except ValueError:
+            return {"cause": "unreadable"}
+        return cause
+
+    async def witness(self) -> bool:
+        """Raise this data dir's witness counter and compare (every
+        ``redis.marks_interval_seconds``; standalone Redis only).
+
+        Only the processes of one data dir raise ``fg:witness:<baseline>:<host>``, and each
+        compares the answer with the highest value any of them recorded before it asked: a
+        healthy Redis answers more. An answer at or below it means Redis lost the raise it
+        acknowledged (a restored backup, a lost tail of writes): quarantined, whatever the
+        slot counters say, so writes of other hosts that caught a slot's counter up since
+        cannot hide it. The baseline is the durability marker's id: a new one after
+        ``fencegate init`` starts the count again. Returns False when it quarantined."""
+        if self.cluster:  # one key lives on one shard: the cluster check reads every marker
+            return True
+        raw: str | None = await self._guard(lambda: self._client.get(MARKER))  # type: ignore[arg-type,return-value]
+        if raw is None:
+            return True  # nothing to witness: the scripts fail closed already
+        base = int(hashlib.sha1(raw.encode(), usedforsecurity=False).hexdigest()[:15], 16)
+        before = self.slot_seen.witness(base)
+        key = witness(format(base, "x"), self.host_id)
+        value = int(await self._guard(lambda: self._batcher.execute("INCR", key)))
+        if value > before:
+            self.slot_seen.record_witness(base, value)
+            return True
+        self.slot_seen.latch(int(time.time() * 1000))
+        log.error(
+            "redis_witness_went_back",
+            witness=value,
+            recorded=before,
+            detail="Redis answered a lower witness count than this host recorded: it lost "
+            "writes it acknowledged and is quarantined for every gateway until "
+            "`fencegate init --confirm-data-loss`",
+        )
+        await self._guard(
+            lambda: durability.quarantine(
+                self._client,
+                cause="witness_went_back",
+                counter=value,
+                seen=before,
+                by=self.host_id,
+                pid=os.getpid(),
+            )
+        )
+        return False
 
     async def initialize(
         self, *, auto: bool, confirm_data_loss: bool = False, write: bool = True
@@ -208,18 +303,18 @@ class StoreBase:
                 auto=auto,
                 confirm_data_loss=confirm_data_loss,
                 write=write,
-                seen=self.slot_seen,
+                seen=self.slot_seen.snapshot(),
                 bump=self._epoch_bump(),
             )
         )
         self.marker_missing_detail = UNINITIALISED if result == "uninitialised" else MARKER_MISSING
+        if result == "written":  # a new baseline: the latch and the old marks are void
+            self.slot_seen.reset()
         return result
 
     def load_marks(self) -> None:
         """Merge the state file's slot marks into :attr:`slot_seen` (per slot the maximum)."""
-        for slot, mark in durability.read_marks(self._state_file).items():
-            if mark > self.slot_seen.get(slot, 0):
-                self.slot_seen[slot] = mark
+        self.slot_seen.merge(durability.read_marks(self._state_file))
 
     async def persist_marks(self) -> bool:
         """Write the slot marks that rose since the last write to the state file (merged with
@@ -227,7 +322,7 @@ class StoreBase:
         whether it wrote. The marks of other processes are read by :meth:`heartbeat_epoch`."""
         if self._state_file is None:
             return False
-        snapshot = dict(self.slot_seen)
+        snapshot = dict(self.slot_seen.own)  # each process writes what it saw itself
         if snapshot == self._persisted:
             return False
         done = self._persisted
@@ -244,8 +339,11 @@ class StoreBase:
         self.marker_missing_detail = MARKER_MISSING  # initialised (by `fencegate init`) since
         if self.cluster:  # every slot's marker is its epoch (gateway.store.durability)
             return await self._guard(self._cluster_marks_check)
+        self.load_marks()  # the marks other processes wrote, before Redis is read
         if not await self._guard(
-            lambda: durability.marks_check(self._client, self._state_file, self.slot_seen)
+            lambda: durability.marks_check(
+                self._client, self._state_file, self.slot_seen.snapshot()
+            )
         ):
             return False
         return await self._guard(
@@ -271,7 +369,7 @@ class StoreBase:
         for slot, value in current.items():
             counter = durability.counter_of(value)
             if counter and counter > self.slot_seen.get(slot, 0):
-                self.slot_seen[slot] = counter
+                self.slot_seen.raise_to(slot, counter)
         return True
 
     async def ready(self) -> dict[str, bool]:

@@ -31,6 +31,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.keys import SLOTS, slot_marker
+from gateway.store.marks import SlotMarks
 from gateway.store.replication import AckPolicy
 from gateway.store.router import ClusterRouter
 
@@ -136,7 +137,7 @@ def is_cluster(client: Any) -> bool:
 
 
 def router_for(
-    client: ClusterClient, slot_seen: Mapping[int, int], ack: AckPolicy | None = None
+    client: ClusterClient, slot_seen: SlotMarks | Mapping[int, int], ack: AckPolicy | None = None
 ) -> ClusterRouter:
     """The store's router for the cluster this client talks to (``slot_seen``: the store's
     high-water marks, read on every re-send of a script; ``ack``: replicas_acked)."""

@@ -40,7 +40,7 @@ import structlog
 from gateway.store import anchor_check, statefile
 from gateway.store.anchor_check import AnchorCheck
 from gateway.store.cluster import delete_slots, is_cluster, mget_slots, mset_slots
-from gateway.store.keys import EPOCH, MARKER, PREFIX, SLOTS, slot_marker
+from gateway.store.keys import EPOCH, MARKER, PREFIX, QUARANTINE, SLOTS, slot_marker
 
 __all__ = [
     "compare_marks",
@@ -101,10 +101,12 @@ async def initialize(
     # prelude). It starts at the clock in microseconds, so after an init that confirmed a
     # data loss every counter is above anything a gateway saw before it.
     # (Above every mark this data dir recorded too, should this host's clock be behind.)
-    counter = str(max(time.time_ns() // 1000, max(read_marks(state_file).values(), default=0) + 1))
+    highest = max(max(read_marks(state_file).values(), default=0), max_mark(seen))
+    counter = str(max(time.time_ns() // 1000, highest + 1))
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
         await mset_slots(client, dict.fromkeys(markers[i : i + 2048], counter))
+    await client.delete(QUARANTINE)
     await client.set(MARKER, value)
     # a fresh start: this Redis's epoch is the new baseline, and the old marks are void
     # (Cluster: no global epoch, the slot markers are the per-slot epochs)
@@ -112,6 +114,10 @@ async def initialize(
     if state_file is not None:
         statefile.update(state_file, epoch=epoch, initialised=True, reset=True)
     return "written"
+
+
+def max_mark(seen: Mapping[int, int] | None) -> int:
+    return max((mark for _, mark in (seen or {}).items()), default=0)
 
 
 def initialised_before(state_file: Path | None) -> bool:
@@ -187,8 +193,15 @@ async def compare_marks(
     if not behind:
         return True
     slots = sorted(current)
-    await quarantine(client)
     slot, counter, mark = behind[0]
+    await quarantine(
+        client,
+        cause="slots_went_back",
+        slot=slot,
+        counter=counter,
+        seen=mark,
+        slots_behind=len(behind),
+    )
     log.error(
         "redis_slots_went_back",
         slots_behind=len(behind),
@@ -224,7 +237,7 @@ async def epoch_check(
     seen = read_state(state_file)
     current = int(await client.get(EPOCH) or 0)
     if current < seen:
-        await quarantine(client)
+        await quarantine(client, cause="epoch_went_back", counter=current, seen=seen)
         log.error(
             "redis_older_than_last_seen",
             redis_epoch=current,
@@ -237,9 +250,13 @@ async def epoch_check(
     return True
 
 
-async def quarantine(client: aioredis.Redis) -> None:
-    """Remove every marker (on Cluster one ``DEL`` per slot, pipelined per node)."""
+async def quarantine(client: aioredis.Redis, *, cause: str = "operator", **facts: Any) -> None:
+    """Remove every marker (on Cluster one ``DEL`` per slot, pipelined per node), and say why
+    in ``fg:quarantine`` (read by every gateway's ``/readyz`` and its log of a refusal). The
+    global marker goes first: a gateway that finds it missing knows at once."""
+    record = {"cause": cause, "at_ms": int(time.time() * 1000), **facts}
     await client.delete(MARKER)
+    await client.set(QUARANTINE, json.dumps(record))
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
         await delete_slots(client, markers[i : i + 2048])

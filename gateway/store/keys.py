@@ -44,6 +44,13 @@ so the tag is unambiguous.
 ``fg:chain:t:<t>``      per tenant: the summary of the last audit chain check (JSON).
 ``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
                         the one a gateway last saw came back from an older snapshot.
+``fg:quarantine``       why Redis was quarantined (JSON: when, by which gateway, the
+                        slot and counters): written with the quarantine, read by
+                        every gateway's ``/readyz`` and logs; removed by init.
+``fg:witness:<b>:<h>``  one counter per data dir ``<h>`` (a host's gateways) and
+                        baseline ``<b>`` (the marker's id): only that data dir's
+                        processes raise it, each time comparing the answer with
+                        the highest they recorded (see gateway.store.base).
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
                         init. Every deciding script checks the marker of its
                         own job's slot, so a wiped (or partly lost) Redis fails
@@ -65,6 +72,7 @@ __all__ = [
     "MARKER",
     "NEEDS_TENANTS",
     "NEEDS_TURN",
+    "QUARANTINE",
     "RELAY_TENANTS",
     "SLOTS",
     "JobKeys",
@@ -77,9 +85,11 @@ __all__ = [
     "relay_queue",
     "slot_marker",
     "slot_tags",
+    "witness",
 ]
 
 MARKER = "fg:marker"
+QUARANTINE = "fg:quarantine"
 EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
 RELAY_TENANTS = "fg:relay:tenants"  # set: tenants with relay hints
 NEEDS_TENANTS = "fg:nd:tenants"  # set: tenants with "needs a decision" hints
@@ -106,6 +116,11 @@ def slot_tags() -> tuple[str, ...]:
             found += 1
         i += 1
     return tuple(t for t in tags if t is not None)
+
+
+def witness(baseline: str, host: str) -> str:
+    """A data dir's witness counter in Redis (see :meth:`gateway.store.base.StoreBase.witness`)."""
+    return f"fg:witness:{baseline}:{host}"
 
 
 def slot_marker(slot: int) -> str:

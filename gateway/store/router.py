@@ -53,6 +53,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.batching import Batcher, NotSent
 from gateway.store.keys import SLOTS, key_slot, slot_tags
+from gateway.store.marks import SlotMarks
 from gateway.store.replication import AckPolicy, NotReplicated
 
 __all__ = ["ClusterRouter", "NotRun", "key_slot_of", "parse_slots"]
@@ -122,7 +123,7 @@ class ClusterRouter:
         connection_kwargs: Mapping[str, Any],
         *,
         max_connections: int,
-        slot_seen: Mapping[int, int] | None = None,
+        slot_seen: SlotMarks | Mapping[int, int] | None = None,
         ack: AckPolicy | None = None,
     ) -> None:
         self._seeds = [f"{host}:{port}" for host, port in seeds]
