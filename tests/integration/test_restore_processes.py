@@ -26,10 +26,20 @@ from gateway.http.app import create_app
 from gateway.store import statefile
 from gateway.store.keys import MARKER, QUARANTINE, JobKeys
 from tests.conftest import Gateway, Upstream, gateway_settings
+from tests.docs import docs_text
 from tests.integration.test_restore import DurableRedis
 from tests.integration.test_serve import Serve, init
 
 EFFECT = {"adapter": "hook", "operation": "x", "payload": {}}
+DOCS = " ".join(docs_text().split())
+ONE_HOST = (
+    "a slot whose counter went below what any of them saw is refused at its first call by any "
+    "of them, and that call quarantines Redis for all"
+)
+WITNESS = (
+    "The witness catches every restore to a point before the host's last tick, even after "
+    "other hosts caught the slot counters up"
+)
 
 
 class Receiver:
@@ -159,6 +169,7 @@ def test_a_restored_backup_is_refused_by_every_worker_of_one_serve(
     """`serve --workers 2` on one data dir: whichever worker saw generation 2's writes, every
     worker refuses generation 1 on the restored Redis from its first call; the first refusal
     quarantines Redis for all."""
+    assert ONE_HOST in DOCS
     cfg = config(tmp_path, "gw", durable.url, receiver.url)
     assert init(cfg, tmp_path).returncode == 0
     s = Serve(tmp_path, cfg, "--workers", "2")
@@ -196,6 +207,7 @@ async def test_a_process_that_never_saw_the_lost_writes_refuses_them_at_its_firs
     intervene: no witness tick, no periodic check): `saw` makes every write, the restore comes
     before any state-file write, and `other`'s first call on the slot is refused, quarantining
     Redis for both. Only the shared marks can catch it."""
+    assert ONE_HOST in DOCS
     apps = []
     for _ in range(2):
         settings = gateway_settings(
@@ -268,6 +280,7 @@ def test_another_hosts_writes_cannot_hide_a_restore_from_the_host_that_saw_the_l
     What remains (docs/operations.md): between the restore and that tick, B — which holds no
     mark of the lost writes — may admit in the restored slot; this test's catch-up writes are
     registrations of other jobs, which is exactly such a window."""
+    assert WITNESS in DOCS
     cfg_a = config(tmp_path, "a", durable.url, receiver.url, data="host-a")
     cfg_b = config(tmp_path, "b", durable.url, receiver.url, data="host-b")
     assert init(cfg_a, tmp_path).returncode == 0
