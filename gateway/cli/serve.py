@@ -233,14 +233,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
             return EXIT_REFUSED
         else:
-            embedded = EmbeddedRedis(data_dir)
+            embedded = EmbeddedRedis(data_dir, maxmemory_mb=settings.redis.embedded_maxmemory_mb)
             url = embedded.start()
             log.info(
                 "embedded_redis_started",
                 url=url,
                 data_dir=str(embedded.data_dir),
                 pid=embedded.process.pid if embedded.process else None,
+                maxmemory_mb=settings.redis.embedded_maxmemory_mb or None,
             )
+
+            def supervised(event: str, facts: dict[str, object]) -> None:
+                level = log.info if event == "restarted" else log.error
+                level(f"embedded_redis_{event}", **facts)
+
+            embedded.supervise(supervised)
         if args.workers > 1:
             return _serve_workers(args, settings, url)
         from gateway.http.app import create_app

@@ -31,6 +31,7 @@ gateway decided::
     ├── OutputInProgress          409 output_in_progress (Retry-After; an upload of it is running)
     ├── UploadUrlUnsupported      501 upload_url_unsupported (the object store cannot sign URLs)
     ├── ObjectStoreUnavailable    503 object_store_unavailable (nothing was recorded)
+    ├── InsufficientStorage       507 insufficient_storage (the volume's free-space floor)
     ├── UnknownAdapter            422 unknown_adapter
     ├── OutputNotStaged           422 output_not_staged (completion names outputs this
     │                                 generation did not record; ``missing``: their names)
@@ -56,6 +57,7 @@ __all__ = [
     "GatewayUnreachable",
     "GenerationExhausted",
     "GenerationRegression",
+    "InsufficientStorage",
     "IntentMismatch",
     "InternalError",
     "InvalidRequest",
@@ -260,6 +262,12 @@ class ObjectStoreUnavailable(FencegateError):
     code = "object_store_unavailable"
     status = 503
     title = "The object store for outputs is unavailable"
+
+
+class InsufficientStorage(FencegateError):
+    code = "insufficient_storage"
+    status = 507
+    title = "The output store's volume is at its free-space floor: nothing was stored"
 
 
 class UnknownAdapter(FencegateError):

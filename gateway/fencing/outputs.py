@@ -34,6 +34,7 @@ the fence refuses is left alone (the completion script decides and audits).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import secrets
@@ -44,6 +45,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.core.errors import (
+    InsufficientStorage,
     InternalError,
     InvalidRequest,
     NotFound,
@@ -56,6 +58,7 @@ from gateway.core.errors import (
 )
 from gateway.fencing.output_entry import OutputEntry
 from gateway.objects import ObjectStore, ObjectStoreError, PreconditionFailed, output_key
+from gateway.objects.space import CHECK_EVERY
 from gateway.runtime.settings import OutputSettings
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store
@@ -63,6 +66,16 @@ from gateway.store.store import Store
 __all__ = ["OutputEntry", "OutputService"]
 
 log = structlog.get_logger("fencegate.outputs")
+
+
+_NO_SPACE = (
+    "the output store's volume is at its free-space floor (outputs.min_free_mb): nothing "
+    "was stored; try later or free space"
+)
+
+
+class _NoSpace(Exception):
+    pass
 
 
 class _TooLarge(Exception):
@@ -211,6 +224,9 @@ class OutputService:
         limit = self.settings.max_bytes
         if content_length is not None and content_length > limit:
             raise PayloadTooLarge(f"an output may be at most {limit} bytes")
+        space = self.objects.space
+        if space is not None and not space.room_for(content_length or 0):
+            raise InsufficientStorage(_NO_SPACE)
         seconds = self.settings.upload_timeout_seconds
         # The claim in Redis runs from the stage script; this put's cut-off runs from
         # before the script was sent, less a margin for the store's commit, so it ends
@@ -226,10 +242,18 @@ class OutputService:
 
         async def hashed() -> AsyncIterator[bytes]:
             nonlocal total
+            unchecked = 0
             async for chunk in body:
                 total += len(chunk)
                 if total > limit:
                     raise _TooLarge
+                if space is not None:
+                    unchecked += len(chunk)
+                    if unchecked >= CHECK_EVERY:
+                        space.spent(unchecked)
+                        unchecked = 0
+                        if not space.room_for(0):
+                            raise _NoSpace
                 digest.update(chunk)
                 yield chunk
             if content_length is not None and total != content_length:
@@ -239,9 +263,13 @@ class OutputService:
             async with asyncio.timeout_at(cutoff):
                 etag = await self.objects.put_stream(key, hashed(), content_type)
         except BaseException as exc:
+            with contextlib.suppress(ObjectStoreError):  # before the claim is freed
+                await self.objects.discard_partial(key)
             await self._abandon(keys, gen, name, upload)
             if isinstance(exc, _TooLarge):
                 raise PayloadTooLarge(f"an output may be at most {limit} bytes") from None
+            if isinstance(exc, _NoSpace):
+                raise InsufficientStorage(_NO_SPACE) from None
             if isinstance(exc, _LengthMismatch):
                 raise InvalidRequest(
                     f"the body had {total} bytes, Content-Length said {content_length}"

@@ -44,6 +44,7 @@ from gateway.http.outputs import OUTPUT_ROUTES, OUTPUTS
 from gateway.http.problems import from_http_exception, problem_response
 from gateway.http.views import HOT_HANDLERS, ROUTES
 from gateway.objects import build_object_store
+from gateway.objects.space import SpaceFloor
 from gateway.runtime.logging import end_request, log_request, request_context
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import ConfigError, Settings, read_secret
@@ -158,6 +159,12 @@ def create_app(
 
     audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
     objects = build_object_store(settings, secret)  # outputs (issue 16): config errors here
+    floors: list[SpaceFloor] = []  # /readyz: the embedded Redis's volume (uploads stop earlier: their floor)
+    if not settings.redis.url and settings.redis.min_free_mb:
+        data = Path(settings.redis.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        floors.append(SpaceFloor(data, settings.redis.min_free_mb * 1024 * 1024))
+    app[K.FLOORS] = floors
 
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(

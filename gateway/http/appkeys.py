@@ -9,6 +9,7 @@ from gateway.core.tokens import TokenSigner
 from gateway.fencing.completion import CompletionService
 from gateway.fencing.service import EffectService
 from gateway.http.auth import Authenticator
+from gateway.objects.space import SpaceFloor
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import Settings
 from gateway.store.jobstate import JobState
@@ -24,3 +25,6 @@ OPENAPI = web.AppKey("openapi", bytes)
 SIGNER: web.AppKey[TokenSigner | None] = web.AppKey("signer")
 JOBSTATE = web.AppKey("jobstate", JobState)
 COMPLETION = web.AppKey("completion", CompletionService)
+# the free-space floors /readyz reports (`disk`): the file store's volume, the embedded
+# Redis's data dir volume
+FLOORS = web.AppKey("floors", list[SpaceFloor])

@@ -237,6 +237,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     checks = await request.app[K.STORE].ready()
+    if floors := request.app[K.FLOORS]:  # free space kept on the volumes the gateway writes
+        checks["disk"] = all(floor.room_for(0) for floor in floors)
     ok = all(checks.values())
     return respond(
         ReadyOut(status="ready" if ok else "unavailable", checks=checks), 200 if ok else 503

@@ -19,6 +19,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from obstore.exceptions import BaseError as ObstoreBaseError
 from obstore.exceptions import PreconditionError
 from obstore.store import LocalStore, S3Store
 
+from gateway.objects.space import SpaceFloor
 from gateway.runtime.settings import ConfigError, OutputSettings, Settings
 
 __all__ = [
@@ -124,6 +126,8 @@ class ObjectStore:
         self.kind: Kind = kind
         self.prefix = prefix
         self.where = where  # for logs and the CLI: the directory or s3://bucket/prefix
+        # the file store's free-space floor (gateway.objects.space); None on S3
+        self.space: SpaceFloor | None = None
 
     @property
     def can_sign(self) -> bool:
@@ -243,6 +247,26 @@ class ObjectStore:
         except OSError as exc:
             raise ObjectStoreError(f"object store delete failed: {exc}") from exc
 
+    async def discard_partial(self, key: str) -> None:
+        """After a put of ``key`` failed: remove what it may have left (the local store's
+        ``<key>#<n>`` staging files). obstore removes its staging file when the put is
+        abandoned, but not always before the failure reaches the caller: a caller that frees
+        the key's claim right after could let a retry race that cleanup. No-op on S3 (an
+        aborted multipart upload holds no object)."""
+        if self.kind != "file":
+            return
+        target = Path(self.where) / (self.prefix + key)
+
+        def remove() -> None:
+            for path in target.parent.glob(glob_escape(target.name) + "#*"):
+                if _STAGING.fullmatch(path.name) and not path.is_symlink():
+                    path.unlink(missing_ok=True)
+
+        try:
+            await asyncio.to_thread(remove)
+        except OSError as exc:
+            raise ObjectStoreError(f"object store cleanup failed: {exc}") from exc
+
     async def sign(self, method: Literal["PUT", "GET"], key: str, seconds: float) -> str:
         """A pre-signed URL for ``method`` on ``key``, valid ``seconds`` (S3 only)."""
         if not isinstance(self._store, S3Store):
@@ -270,7 +294,14 @@ def build_object_store(settings: Settings, secret: Callable[[str, str], str]) ->
     if out.store == "file":
         path = default_path(settings).resolve()
         path.mkdir(parents=True, exist_ok=True)
-        return ObjectStore(LocalStore(str(path)), "file", out.prefix, str(path))
+        files = ObjectStore(LocalStore(str(path)), "file", out.prefix, str(path))
+        floor = out.min_free_mb
+        data = Path(settings.redis.data_dir)
+        if not settings.redis.url and SpaceFloor.same_volume(path, data if data.exists() else path):
+            # the embedded Redis's AOF is here: uploads stop while Redis still has its floor
+            floor += settings.redis.min_free_mb
+        files.space = SpaceFloor(path, floor * 1024 * 1024)
+        return files
     if not out.bucket:
         raise ConfigError('outputs.bucket: required with outputs.store = "s3"')
     creds: dict[str, Any] = {}

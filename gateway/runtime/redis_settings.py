@@ -38,6 +38,12 @@ class RedisSettings(_Section):
     # fresh data_dir meeting a wiped Redis would initialise it again). The embedded
     # Redis keeps its data in data_dir, so it is always initialised at its first start.
     auto_init: bool = False
+    # The embedded Redis's memory bound (maxmemory, with noeviction: at the bound writes are
+    # refused, every call fails closed with 503, nothing is evicted); 0: none.
+    embedded_maxmemory_mb: Annotated[int, Field(ge=0, le=1_048_576)] = 512
+    # Free space kept on the embedded Redis's data dir volume: below it /readyz is 503
+    # (`disk`); outputs on the same volume stop this much earlier (see outputs.min_free_mb).
+    min_free_mb: Annotated[int, Field(ge=0, le=1_048_576)] = 256
     # How long a deciding script's reply is remembered for a re-send of the same request.
     request_memory_seconds: Annotated[float, Field(ge=5, le=3600)] = 60.0
     # R: no verdict before its writes (and what its scripts read) are fsynced on the primary

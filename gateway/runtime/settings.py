@@ -271,6 +271,9 @@ class OutputSettings(_Section):
     secret_access_key_env: str = ""
     session_token_env: str = ""
     allow_http: bool = False  # s3: a plain-HTTP endpoint (a loopback test server)
+    # file store: free space kept on its volume (plus redis.min_free_mb when the embedded
+    # Redis's data dir is on the same volume): an upload that would go below it gets 507.
+    min_free_mb: Annotated[int, Field(ge=0, le=1_048_576)] = 256
     # One output's size bound: a larger body is refused with 413 while it streams.
     max_bytes: Annotated[int, Field(ge=1, le=5 * 1024**4)] = 1024**3
     # How long one upload through the gateway may take (the stage decision's deadline);

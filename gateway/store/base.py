@@ -48,6 +48,7 @@ from gateway.store.scripts import (
 
 T = TypeVar("T")
 READY_PROBE = "fg:readyz:probe"  # /readyz's probe write (10 s TTL)
+MEMORY_READY = 0.95  # /readyz: a Redis using more of its maxmemory is not ready (`memory`)
 log = structlog.get_logger("fencegate.store")
 
 _FEED_FIELDS = ("step", "reason", "presented", "current", "worker_id", "adapter")
@@ -393,6 +394,11 @@ class StoreBase:
             if checks["marker"]:
                 await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
                 checks["writable"] = True
+            if not self.cluster:  # a Redis with maxmemory: not ready when (nearly) full
+                memory = await self._guard(lambda: self._client.info("memory"))
+                bound = int(memory.get("maxmemory") or 0)
+                if bound:
+                    checks["memory"] = int(memory.get("used_memory") or 0) < MEMORY_READY * bound
                 cluster = isinstance(self._batcher, ClusterRouter)
                 if acking and not cluster:  # through the auto-pipeline, as the verdicts
                     probe = ("SET", READY_PROBE, "1", "PX", "10000")

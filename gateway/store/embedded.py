@@ -15,6 +15,13 @@ listener exists only when a caller asks for one (tests, benchmarks:
 ``use_socket=False``), bound to loopback, with ``requirepass`` when given a
 password (passed on stdin, never on a command line).
 
+Bounded and supervised: ``maxmemory`` (``redis.embedded_maxmemory_mb``) with ``noeviction``,
+so a full memory refuses writes (every script fails closed, ``OOM``) instead of growing until
+the host kills it or evicting a fence; and :meth:`EmbeddedRedis.supervise` restarts a
+redis-server that exited on its own (an AOF write error on a full disk makes it exit with
+``appendfsync always``), with a backoff, on the same socket. While it is down every call
+answers 503; nothing is decided on missing state.
+
 Never an orphan: on Linux the child gets ``PR_SET_PDEATHSIG`` so it is told to
 stop (SIGTERM: a clean AOF shutdown) even when the gateway is SIGKILLed; on
 every platform the gateway stops it on exit. A lock file keeps two gateways
@@ -32,7 +39,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -118,6 +127,7 @@ class EmbeddedRedis:
         use_socket: bool = True,
         port: int | None = None,
         password: str | None = None,
+        maxmemory_mb: int = 0,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.executable = executable or find_redis_server()
@@ -128,8 +138,12 @@ class EmbeddedRedis:
         self.socket_path: Path | None = None
         self._socket_dir: Path | None = None  # a short private dir of ours, removed at stop
         self.url = ""
+        self.maxmemory_mb = maxmemory_mb  # 0: no maxmemory (tests that fill it themselves)
         self.process: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self.restarts = 0  # how often the supervisor started it again
 
     def _args(self) -> list[str]:
         args = [
@@ -143,8 +157,10 @@ class EmbeddedRedis:
             "--protected-mode", "yes",
             "--logfile", str(self.data_dir / "redis.log"),
         ]  # fmt: skip
+        if self.maxmemory_mb:
+            args += ["--maxmemory", f"{self.maxmemory_mb}mb"]
         if self.use_socket:
-            sock = self._socket()
+            sock = self.socket_path or self._socket()
             args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
             self.url = f"unix://{sock}"
         else:
@@ -188,6 +204,14 @@ class EmbeddedRedis:
                 "two Redis servers must never share one AOF"
             ) from None
         self._lock = lock
+        self._stopping.clear()
+        try:
+            return self._launch(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _launch(self, timeout: float) -> str:
         args = self._args()
         secret = self._stdin_config()
         if secret:
@@ -218,7 +242,8 @@ class EmbeddedRedis:
                 except (redis.exceptions.ConnectionError, OSError):
                     pass
                 if time.monotonic() > deadline:
-                    self.stop()
+                    self.process.kill()
+                    self.process.wait()
                     raise EmbeddedRedisError(f"redis-server did not answer in {timeout}s")
                 time.sleep(0.02)
         finally:
@@ -229,8 +254,46 @@ class EmbeddedRedis:
             return (self.data_dir / "redis.log").read_text(errors="replace")[-2000:]
         return "(no log)"
 
+    def supervise(self, on_event: Callable[[str, dict[str, object]], None] | None = None) -> None:
+        """Restart redis-server whenever it exits without :meth:`stop` (a thread of this
+        process; backoff 0.2 s doubling to 5 s, reset after a minute up). ``on_event`` is
+        told ``("exited", {...})`` and ``("restarted", {...})`` for the log."""
+        if self._supervisor is not None:
+            return
+
+        def watch() -> None:
+            backoff = 0.2
+            while not self._stopping.is_set():
+                proc = self.process
+                if proc is None:
+                    return
+                started = time.monotonic()
+                code = proc.wait()
+                if self._stopping.is_set():
+                    return
+                if time.monotonic() - started > 60:
+                    backoff = 0.2
+                if on_event is not None:
+                    on_event("exited", {"code": code, "log_tail": self._log_tail()[-500:]})
+                while not self._stopping.wait(backoff):
+                    backoff = min(backoff * 2, 5.0)
+                    try:
+                        self._launch(15.0)
+                    except EmbeddedRedisError as exc:
+                        if on_event is not None:
+                            on_event("restart_failed", {"error": str(exc)[-500:]})
+                        continue
+                    self.restarts += 1
+                    if on_event is not None:
+                        on_event("restarted", {"restarts": self.restarts})
+                    break
+
+        self._supervisor = threading.Thread(target=watch, name="embedded-redis", daemon=True)
+        self._supervisor.start()
+
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM (Redis fsyncs the AOF and exits), then SIGKILL if it hangs."""
+        self._stopping.set()
         proc, self.process = self.process, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -239,6 +302,7 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self.socket_path = None
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             (self.data_dir / _SOCKET_RECORD).unlink(missing_ok=True)
@@ -246,6 +310,9 @@ class EmbeddedRedis:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None and supervisor is not threading.current_thread():
+            supervisor.join(timeout)
 
     def __enter__(self) -> EmbeddedRedis:
         self.start()
