@@ -159,7 +159,7 @@ def create_app(
 
     audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
     objects = build_object_store(settings, secret)  # outputs (issue 16): config errors here
-    floors: list[SpaceFloor] = []  # /readyz: the embedded Redis's volume (uploads stop earlier: their floor)
+    floors: list[SpaceFloor] = []  # /readyz: the embedded Redis's volume (uploads stop before)
     if not settings.redis.url and settings.redis.min_free_mb:
         data = Path(settings.redis.data_dir)
         data.mkdir(parents=True, exist_ok=True)
