@@ -138,9 +138,10 @@ class CheckpointSettings(_Section):
 class ConnectionSettings(_Section):
     """Connection hygiene of the HTTP server (``[connections]``)."""
 
-    # Connections open at once. At the cap, the oldest connection that has not started a
-    # request is closed for the new one; if every one is busy, the new one gets 503 with
-    # Retry-After and is closed. Kept below the file-descriptor limit (raised at start).
+    # Connections open at once. At the cap, the connection idle longest (a keep-alive one
+    # whose last response is written counts), else the oldest still sending a request head,
+    # is closed for the new one; if every one is serving a request, the new one gets 503
+    # with Retry-After and is closed. Kept below the file-descriptor limit (raised at start).
     max: Annotated[int, Field(ge=8, le=1_000_000)] = 4096
     # A new connection must send a complete request head within this, and a keep-alive
     # connection is closed after this long idle.
