@@ -245,9 +245,16 @@ class ConsoleSettings(_Section):
     # How long a login lasts (the signed cookie's expiry).
     cookie_ttl_seconds: Annotated[int, Field(ge=60, le=7 * 86400)] = 8 * 3600
     # Names the env var with the secret that signs console cookies and CSRF tokens (the same in
-    # every worker and gateway behind one name); empty: derived from the secrets the gateway
-    # already reads, else a random one kept in <redis.data_dir>/console.secret.
+    # every gateway host behind one name: set it when several hosts serve one console); empty:
+    # a random secret kept in <redis.data_dir>/console.secret (mode 0600, created once, shared
+    # by the workers and gateways of that data dir). Never derived from API or signing keys.
     secret_env: str = ""
+    # Failed logins, counted in Redis (every process and host alike) in fixed windows: past
+    # per_peer failures from one peer address, or total from all peers, logins are refused
+    # with 429 and Retry-After until the window ends; 0 turns a limit off.
+    login_failures_per_peer: Annotated[int, Field(ge=0, le=1_000_000)] = 10
+    login_failures_total: Annotated[int, Field(ge=0, le=1_000_000)] = 200
+    login_window_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
     # Live pages: how often the process reads the tenant feeds (one read per tenant with open
     # tabs, whatever the number of tabs), and the SSE keep-alive (a closed tab is noticed
     # within about this long).
