@@ -139,13 +139,19 @@ async def console_middleware(
 async def _live_session(console: Console, request: web.Request) -> Session | None:
     """The request's session: a cookie signed here, unexpired, whose key is configured, and
     not logged out (one Redis read)."""
-    session = console.sessions.check(request.cookies.get(cookie_name(request.secure)))
+    session = console.sessions.check(request.cookies.get(cookie_name(_secure(request))))
     if session is None:
         return None
     assert console.state is not None
     if await console.state.revoked(session.nonce):
         return None
     return session
+
+
+def _secure(request: web.Request) -> bool:
+    """Do browsers reach the console over HTTPS: this connection is TLS, or the config says a
+    TLS-terminating proxy is in front (``[console] https``)."""
+    return request.secure or request.app[CONSOLE].settings.console.https
 
 
 def _peer(request: web.Request) -> str:
@@ -217,7 +223,7 @@ async def login(request: web.Request) -> web.Response:
     log.info("console_login", tenant=session.tenant, role=session.role, key_name=session.name)
     # the proof of login travels in the fragment: the browser keeps it, no server sees it
     response = see_other(f"{target}#fg-proof={console.sessions.proof(session)}")
-    secure = request.secure
+    secure = _secure(request)
     response.set_cookie(
         cookie_name(secure),
         cookie,
@@ -244,7 +250,7 @@ async def logout(request: web.Request) -> web.Response:
         await console.state.revoke(session.nonce, session.expires - int(time.time()) + 1)
         log.info("console_logout", tenant=session.tenant, role=session.role, key_name=session.name)
     response = see_other(f"{PREFIX}/login")
-    secure = request.secure
+    secure = _secure(request)
     response.del_cookie(
         cookie_name(secure),
         path="/" if secure else PREFIX,

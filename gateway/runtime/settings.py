@@ -249,6 +249,10 @@ class ConsoleSettings(_Section):
     # a random secret kept in <redis.data_dir>/console.secret (mode 0600, created once, shared
     # by the workers and gateways of that data dir). Never derived from API or signing keys.
     secret_env: str = ""
+    # Browsers reach the console over HTTPS through a TLS-terminating proxy in front of the
+    # gateway: the login cookie is then __Host-fg_console (Secure, Path=/, no Domain), as it
+    # is on a TLS connection. (List the https:// origin in server.allowed_origins too.)
+    https: bool = False
     # Failed logins, counted in Redis (every process and host alike) in fixed windows: past
     # per_peer failures from one peer address, or total from all peers, logins are refused
     # with 429 and Retry-After until the window ends; 0 turns a limit off.

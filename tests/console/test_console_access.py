@@ -8,7 +8,6 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import re
 import ssl
 import stat
@@ -69,13 +68,15 @@ async def test_a_cookie_signed_with_a_secret_computed_from_an_api_key_is_refused
     derived = hmac.new(b"fencegate console v1", WORKER_KEY.encode(), "sha256").digest()
     forged = _cookie(derived, ADMIN, "globex", "admin", "g")
     base = str(gw.client.make_url("")).rstrip("/")
-    async with aiohttp.ClientSession() as session:
-        async with session.get(
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
             base + "/console/attention",
             headers={"Cookie": f"fg_console={forged}"},
             allow_redirects=False,
-        ) as resp:
-            assert resp.status == 303 and resp.headers["Location"].startswith("/console/login")
+        ) as resp,
+    ):
+        assert resp.status == 303 and resp.headers["Location"].startswith("/console/login")
     secret_file = Path(gw.settings.redis.data_dir) / "console.secret"
     assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
 
@@ -177,15 +178,17 @@ async def test_logout_ends_the_cookie_and_its_csrf_token_on_every_process(
 
 async def _login(base: str, key: str, local: str = "127.0.0.1") -> aiohttp.ClientResponse:
     connector = aiohttp.TCPConnector(local_addr=(local, 0))
-    async with aiohttp.ClientSession(connector=connector) as session:
-        async with session.post(
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.post(
             base + "/console/login",
             data={"key": key},
             headers={"Origin": base},
             allow_redirects=False,
-        ) as resp:
-            await resp.read()
-            return resp
+        ) as resp,
+    ):
+        await resp.read()
+        return resp
 
 
 async def test_failed_logins_are_throttled_per_peer_across_processes(
@@ -275,3 +278,17 @@ async def test_under_tls_the_cookie_is_host_only_secure_and_prefixed(
                 assert resp.status == 303
     finally:
         await server.close()
+
+
+async def test_behind_a_tls_proxy_the_cookie_is_prefixed_and_secure(make_gateway: Any) -> None:
+    gw: Gateway = await make_gateway(auth=keys_section(), console={"https": True})
+    resp = await gw.client.post(
+        "/console/login",
+        data={"key": AUDITOR},
+        headers={"Origin": str(gw.client.make_url("")).rstrip("/")},
+        allow_redirects=False,
+    )
+    assert resp.status == 303
+    [set_cookie] = resp.headers.getall("Set-Cookie")
+    assert set_cookie.startswith("__Host-fg_console=") and "Secure" in set_cookie
+    assert "Path=/;" in set_cookie + ";" and "Domain" not in set_cookie
