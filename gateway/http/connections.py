@@ -2,21 +2,16 @@
 deadlines, the file-descriptor limit, and log lines that stay JSON under any flood.
 
 * **Cap** (``connections.max``, kept below the file-descriptor limit, whose soft value is
-  raised to the hard one at start). At the cap, one connection that is not serving a request
-  is closed for the new one: the one idle longest (it has sent nothing since it opened or
-  since its last response was written), else the oldest one still sending a request head.
-  A connection is serving from the moment its request head is complete (the blank line that
-  ends it has arrived, before aiohttp's handler runs) until its response has been written
-  and handed to the socket; then it is idle again. When every connection is serving, the
-  new one gets ``503`` with ``Retry-After`` and is closed. A request pipelined behind
-  another on one connection is not seen as its own: the connection counts as idle once the
-  first response is written, and an eviction then ends it without an answer (which HTTP
-  allows: a client that pipelines retries what was not answered).
+  raised to the hard one at start). At the cap, the connection idle longest (nothing sent
+  since it opened or since its last response was written), else the oldest still sending a
+  head, is closed for the new one. A connection serves from the moment its head is complete
+  (its blank line arrived, before the handler runs) until its response is written; then it
+  is idle again. When every one is serving, the new one gets ``503`` with ``Retry-After``.
+  A request pipelined behind another is not seen: an eviction after the first response
+  ends it unanswered (HTTP lets a pipelining client retry what was not answered).
 * **Header and idle deadline** (``connections.idle_timeout_seconds``): aiohttp's keep-alive
-  timer, which also runs from the moment a connection opens: a connection that has not
-  sent a complete request head by then, or sits idle that long between requests, is closed.
-* **Body deadline** (``connections.body_timeout_seconds``): the whole body must arrive in
-  time, else ``408 request_timeout`` and the connection is closed.
+  timer, also from the moment a connection opens (a complete head by then, or closed).
+* **Body deadline** (``connections.body_timeout_seconds``): else ``408 request_timeout``.
 * **Logs**: the standard library's loggers (aiohttp's server and access loggers, asyncio)
   go through structlog as JSON lines, at most ``connections.log_lines_per_second``; the rest
   are counted and reported in the next line (``suppressed``). No raw traceback reaches stderr.
@@ -129,8 +124,8 @@ class ConnectionGuard:
         self.server = server
         self.cap = cap
         self.open: dict[asyncio.Transport, _Conn] = {}
-        # not serving a request, in the order they got there (oldest first): idle (sent
-        # nothing since they opened or since their last response) / sending a request head
+        # not serving, oldest first: idle (nothing sent since open or the last response) /
+        # sending a request head
         self.idle: dict[_Conn, None] = {}
         self.partial: dict[_Conn, None] = {}
         self.refused = self.evicted = 0
@@ -169,9 +164,8 @@ class ConnectionGuard:
         return True
 
     def _evict(self) -> bool:
-        """Close the connection idle longest, else the oldest that has not completed a
-        request head: never one that is serving a request, nor one whose last response is
-        still in the socket's write buffer."""
+        """Close the one idle longest, else the oldest sending a head; never one serving,
+        nor one whose response is still in the socket's write buffer."""
         for queue in (self.idle, self.partial):
             for conn in queue:
                 transport = conn.transport
@@ -206,10 +200,8 @@ class ConnectionGuard:
             self.idle[conn] = None
 
     def serving(self, transport: Any) -> None:
-        """A request reached the middleware (its head may have ended without a blank line
-        the protocol saw, e.g. a bare LF): serving, if it was not already."""
-        conn = self.open.get(transport)
-        if conn is not None and not conn.busy:
+        """A request reached the middleware (its head may have ended in a bare LF)."""
+        if (conn := self.open.get(transport)) is not None and not conn.busy:
             self.started(conn)
 
     def release(self, conn: _Conn) -> None:
@@ -244,9 +236,8 @@ GUARD = web.AppKey("connection_guard", GuardSlot)
 async def serving(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """The outermost middleware: the connection serves until its response is written, then
-    it is idle (evictable) again. The response is written here, with the same two calls
-    aiohttp makes after the handler (both do nothing the second time)."""
+    """The outermost middleware: the connection serves until its response is written here
+    (the two calls aiohttp makes next, which then do nothing), then it is idle again."""
     slot = request.app.get(GUARD)
     guard = slot.guard if slot is not None else None
     if guard is None:
