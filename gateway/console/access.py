@@ -1,20 +1,37 @@
-"""Who is looking: the console's login cookie, CSRF tokens, and the secret that signs both.
+"""Who is looking: the console's login cookie, CSRF tokens, the proof of login, and the
+secret that signs them.
 
-A login takes an API key of role ``auditor`` or ``admin`` and sets one cookie, ``fg_console``:
-``<payload>.<mac>``, both base64url, the payload a small JSON object
+A login takes an API key of role ``auditor`` or ``admin`` and sets one cookie: under TLS
+``__Host-fg_console`` (``Secure``, ``Path=/``, no ``Domain``: only this host name over
+HTTPS can set or receive it), else ``fg_console`` (``Path=/console``); both ``HttpOnly``,
+``SameSite=Strict``. Its value is ``<payload>.<mac>``, both base64url, the payload a small
+JSON object
 
-    {"t": tenant, "r": role, "n": key name, "k": key id, "e": expiry (s), "s": session nonce}
+    {"t": tenant, "r": role, "n": key name, "k": key id, "e": expiry (s), "s": session id}
 
-and the MAC HMAC-SHA256(console secret, payload). Nothing is stored on the server: any worker
-or gateway holding the same secret accepts it (``--workers N``). ``k`` is a MAC of the key's
-digest, not the key or its digest: a key removed from the configuration ends its logins at
-the next request. The CSRF token of a session is HMAC(secret, "csrf" + nonce): a page of
-another site can neither read it nor compute it.
+and the MAC HMAC-SHA256(console secret, payload). Any worker or gateway holding the same
+secret accepts it (``--workers N``). ``k`` is a MAC of the key's digest, not the key or its
+digest: a key removed from the configuration ends its logins at the next request. A logout
+is recorded in Redis under the session id (gateway.store.consolestate), so the cookie stops
+working at once everywhere.
 
-The secret: ``[console] secret_env`` when set; else derived from the secrets this gateway
-already reads (token signing keys, audit keys, API keys read from the environment), which
-every worker reads alike; else a random secret kept in ``<redis.data_dir>/console.secret``
-(created once, atomically, mode 0600; shared by the workers of one data dir).
+Three values derive from the session id, each HMAC(secret, label + id):
+
+* the **CSRF token**, in every form of every page: a page of another site can neither read
+  it nor compute it;
+* the **proof of login**, given to the browser once, in the fragment of the login's
+  redirect (``#fg-proof=…``: never sent to a server, never in a page), and kept by the
+  console's script in this origin's ``localStorage``, which a page on another port or host
+  cannot read. Every state-changing form (resolve, verify) must carry it, or the session's
+  own API key typed again. Browsers send cookies to every port of a host, so a service on
+  another port can receive the cookie and replay it with any headers, read pages and their
+  CSRF tokens; without the proof it still cannot change anything.
+
+The secret: ``[console] secret_env`` when set; else a random secret kept in
+``<redis.data_dir>/console.secret`` (created once, atomically, mode 0600; shared by the
+workers and gateways of one data dir). It is never derived from API keys, token signing
+keys or audit keys: whoever holds one of those (a worker, an external scheduler) could
+otherwise sign a cookie for any key of any tenant.
 """
 
 from __future__ import annotations
@@ -34,9 +51,10 @@ from typing import Any, Protocol
 
 from gateway.runtime.settings import Settings
 
-__all__ = ["COOKIE", "Keys", "Session", "Sessions", "console_secret"]
+__all__ = ["COOKIE", "HOST_COOKIE", "Keys", "Session", "Sessions", "console_secret", "cookie_name"]
 
 COOKIE = "fg_console"
+HOST_COOKIE = "__Host-fg_console"  # under TLS
 LOGIN_ROLES = ("auditor", "admin")
 _SECRET_FILE = "console.secret"
 
@@ -52,25 +70,19 @@ class Keys(Protocol):
     def entries(self) -> tuple[tuple[bytes, Any], ...]: ...
 
 
+def cookie_name(secure: bool) -> str:
+    """The cookie's name: ``__Host-`` prefixed over TLS (browsers then require ``Secure``,
+    ``Path=/`` and no ``Domain``)."""
+    return HOST_COOKIE if secure else COOKIE
+
+
 def console_secret(settings: Settings, secret: Callable[[str, str], str]) -> bytes:
-    """The key that signs console cookies and CSRF tokens (see the module docstring)."""
-    material: list[str] = []
+    """The key that signs console cookies, CSRF tokens and proofs (see the module docstring)."""
     if settings.console.secret_env:
-        material.append(secret(settings.console.secret_env, "console.secret_env"))
+        material = secret(settings.console.secret_env, "console.secret_env")
     else:
-        if settings.auth.token_signing_key_env:
-            material.append(
-                secret(settings.auth.token_signing_key_env, "auth.token_signing_key_env")
-            )
-        if settings.audit.key_env:
-            material.append(secret(settings.audit.key_env, "audit.key_env"))
-        for i, key in enumerate(settings.auth.keys):
-            if key.key_env:
-                material.append(secret(key.key_env, f"auth.keys[{i}].key_env"))
-    if not material:
-        material.append(_file_secret(Path(settings.redis.data_dir) / _SECRET_FILE))
-    joined = "\x00".join(material).encode()
-    return hmac.new(b"fencegate console v1", joined, hashlib.sha256).digest()
+        material = _file_secret(Path(settings.redis.data_dir) / _SECRET_FILE)
+    return hmac.new(b"fencegate console v1", material.encode(), hashlib.sha256).digest()
 
 
 def _file_secret(path: Path) -> str:
@@ -78,7 +90,7 @@ def _file_secret(path: Path) -> str:
     link it into place: a worker racing this one reads either nothing or the whole file)."""
     with contextlib.suppress(FileNotFoundError):
         return path.read_text(encoding="ascii").strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -111,8 +123,9 @@ class Session:
     role: str
     name: str
     expires: int
-    nonce: str
+    nonce: str  # the session id
     open: bool = False  # no keys configured: loopback only, nobody logs in
+    kid: str = ""  # the key id of the login's key
 
     @property
     def who(self) -> str:
@@ -158,13 +171,14 @@ class Sessions:
             role=principal.role,
             name=str(getattr(principal, "name", "") or ""),
             expires=int(time.time()) + self.ttl,
-            nonce=secrets.token_urlsafe(12),
+            nonce=secrets.token_urlsafe(16),
+            kid=self._kid(digest),
         )
         body = {
             "t": session.tenant,
             "r": session.role,
             "n": session.name,
-            "k": self._kid(digest),
+            "k": session.kid,
             "e": session.expires,
             "s": session.nonce,
         }
@@ -197,10 +211,34 @@ class Sessions:
         ):
             return None
         name = str(getattr(principal, "name", "") or "")  # the key's name as configured now
-        return Session(principal.tenant, principal.role, name, expires, str(body.get("s")))
+        nonce = body.get("s")
+        if not isinstance(nonce, str) or not nonce:
+            return None
+        return Session(
+            principal.tenant, principal.role, name, expires, nonce, kid=str(body.get("k"))
+        )
 
     def csrf(self, session: Session) -> str:
         return _b64(self._mac(b"csrf" + session.nonce.encode()))
 
     def csrf_ok(self, session: Session, token: str | None) -> bool:
         return bool(token) and hmac.compare_digest(str(token), self.csrf(session))
+
+    def proof(self, session: Session) -> str:
+        """The proof of login: given to the browser once, at login (never in a page)."""
+        return _b64(self._mac(b"proof" + session.nonce.encode()))
+
+    def proven(self, session: Session, proof: str | None, key: str | None) -> bool:
+        """Does a state-changing form come from the browser that logged in: it carries the
+        session's proof, or the session's own API key typed again? (Open mode: no login,
+        nothing to prove.)"""
+        if session.open:
+            return True
+        if proof and hmac.compare_digest(str(proof), self.proof(session)):
+            return True
+        if not key:
+            return False
+        digest = hashlib.sha256(str(key).strip().encode()).digest()
+        return hmac.compare_digest(self._kid(digest), session.kid) and (
+            self._keys.get(session.kid) is not None
+        )

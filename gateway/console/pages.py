@@ -10,10 +10,11 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.console.access import Session
 from gateway.console.chain import check_job_chain, honest_wording
 from gateway.console.data import iso, job_entries, redis_call
 from gateway.console.live import open_stream
-from gateway.console.site import CONSOLE, error_page, render, see_other, session_of
+from gateway.console.site import CONSOLE, Console, error_page, render, see_other, session_of
 from gateway.core import fastjson
 from gateway.core.errors import FencegateError
 from gateway.fencing.resolution import resolve_step
@@ -188,6 +189,20 @@ def _age(ms: int) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
+NOT_PROVEN = (
+    "this browser holds no proof of this login (it is kept by the console's script when you "
+    "log in): type your API key in the form, or log in again"
+)
+
+
+def _proven(console: Console, session: Session, form: Any) -> bool:
+    """A state-changing form carries the proof of login, or the session's key typed again
+    (a cookie replayed from elsewhere, with the CSRF token read from a page, has neither)."""
+    return console.sessions.proven(
+        session, str(form.get("proof") or ""), str(form.get("key") or "")
+    )
+
+
 async def resolve(request: web.Request) -> web.Response:
     """The Resolve form: the same service call as ``POST …/resolve``, as the session's key."""
     console = request.app[CONSOLE]
@@ -199,6 +214,8 @@ async def resolve(request: web.Request) -> web.Response:
     form = await request.post()
     if not console.sessions.csrf_ok(session, str(form.get("csrf") or "")):
         return error_page(request, 403, "the form's CSRF token does not match; reload the page")
+    if not _proven(console, session, form):
+        return error_page(request, 403, NOT_PROVEN)
     outcome = str(form.get("outcome") or "")
     if outcome not in ("delivered", "not_delivered"):
         return error_page(request, 400, "choose delivered or not delivered")
@@ -247,6 +264,8 @@ async def chain_verify(request: web.Request) -> web.Response:
     form = await request.post()
     if not console.sessions.csrf_ok(session, str(form.get("csrf") or "")):
         return error_page(request, 403, "the form's CSRF token does not match; reload the page")
+    if not _proven(console, session, form):
+        return error_page(request, 403, NOT_PROVEN)
     assert console.runs is not None
     console.runs.start(session.tenant)
     return see_other("/console/chain")

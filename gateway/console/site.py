@@ -3,6 +3,7 @@ logout, static files, and how it is mounted under ``/console`` of the gateway.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ import structlog
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from gateway.console.access import COOKIE, Keys, Session, Sessions, console_secret
+from gateway.console.access import Keys, Session, Sessions, console_secret, cookie_name
 from gateway.console.chain import ChainRuns
 from gateway.console.data import BadFilter, iso, redis_call
 from gateway.console.guard import Refused, check_request, security_headers
@@ -23,6 +24,7 @@ from gateway.console.live import FeedPump, Streams
 from gateway.core.errors import FencegateError
 from gateway.runtime.settings import Settings
 from gateway.store.anchors import anchor_path
+from gateway.store.consolestate import ConsoleState
 from gateway.store.store import Store
 
 __all__ = ["CONSOLE", "Console", "build", "session_of"]
@@ -45,6 +47,7 @@ class Console:
     host_allowed: Callable[[str], bool]
     store_of: Callable[[], Store]
     runs: ChainRuns | None = None
+    state: ConsoleState | None = None  # revocations, login throttling (made at startup)
 
     @property
     def store(self) -> Store:
@@ -105,7 +108,11 @@ async def console_middleware(
     if sessions.open:
         request[SESSION] = sessions.open_session()
     else:
-        session = sessions.check(request.cookies.get(COOKIE))
+        try:
+            session = await _live_session(console, request)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("console_redis_failed", path=request.path, detail=str(exc))
+            return error_page(request, 503, "Redis is not answering; try again shortly")
         if session is not None:
             request[SESSION] = session
         elif not request.path.startswith(_PUBLIC):
@@ -129,6 +136,28 @@ async def console_middleware(
         return error_page(request, 503, "Redis is not answering; try again shortly")
 
 
+async def _live_session(console: Console, request: web.Request) -> Session | None:
+    """The request's session: a cookie signed here, unexpired, whose key is configured, and
+    not logged out (one Redis read)."""
+    session = console.sessions.check(request.cookies.get(cookie_name(_secure(request))))
+    if session is None:
+        return None
+    assert console.state is not None
+    if await console.state.revoked(session.nonce):
+        return None
+    return session
+
+
+def _secure(request: web.Request) -> bool:
+    """Do browsers reach the console over HTTPS: this connection is TLS, or the config says a
+    TLS-terminating proxy is in front (``[console] https``)."""
+    return request.secure or request.app[CONSOLE].settings.console.https
+
+
+def _peer(request: web.Request) -> str:
+    return request.remote or "-"
+
+
 async def login_form(request: web.Request) -> web.Response:
     console = request.app[CONSOLE]
     if console.sessions.open or SESSION in request:
@@ -137,14 +166,53 @@ async def login_form(request: web.Request) -> web.Response:
 
 
 async def login(request: web.Request) -> web.Response:
+    """Log in with an auditor or admin key. Failed logins are throttled per peer and for all
+    peers together (``[console] login_failures_*``, counted in Redis): past a limit, 429 with
+    ``Retry-After`` until the window ends, whatever the key. The log has one line for the
+    first failure of a peer in a window and one when a limit is reached, not one per try."""
     console = request.app[CONSOLE]
     form = await request.post()
     target = _safe_next(str(form.get("next") or ""))
     if console.sessions.open:
         return see_other(target)
-    found = console.sessions.login(str(form.get("key") or ""))
+    limits = console.settings.console
+    assert console.state is not None
+    peer = _peer(request)
+    try:
+        wait = await console.state.wait_seconds(
+            peer, per_peer=limits.login_failures_per_peer, total=limits.login_failures_total
+        )
+        if wait:
+            response = render(
+                request,
+                "login.html",
+                {"next": target, "failed": f"Too many failed logins; try again in {wait} s."},
+                status=429,
+            )
+            response.headers["Retry-After"] = str(wait)
+            return response
+        found = console.sessions.login(str(form.get("key") or ""))
+        if found is None:
+            failures = await console.state.failed(peer)
+    except (RedisError, OSError, TimeoutError) as exc:
+        log.warning("console_redis_failed", path=request.path, detail=str(exc))
+        return error_page(request, 503, "Redis is not answering; try again shortly")
     if found is None:
-        log.info("console_login_refused", remote=request.remote)
+        if failures.peer == 1 or failures.peer == limits.login_failures_per_peer:
+            log.info(
+                "console_login_refused",
+                remote=peer,
+                peer_failures=failures.peer,
+                all_failures=failures.total,
+                window_seconds=limits.login_window_seconds,
+                throttled=failures.peer >= limits.login_failures_per_peer > 0,
+            )
+        if failures.total == limits.login_failures_total:
+            log.warning(
+                "console_logins_throttled",
+                all_failures=failures.total,
+                window_seconds=limits.login_window_seconds,
+            )
         return render(
             request,
             "login.html",
@@ -153,26 +221,43 @@ async def login(request: web.Request) -> web.Response:
         )
     session, cookie = found
     log.info("console_login", tenant=session.tenant, role=session.role, key_name=session.name)
-    response = see_other(target)
+    # the proof of login travels in the fragment: the browser keeps it, no server sees it
+    response = see_other(f"{target}#fg-proof={console.sessions.proof(session)}")
+    secure = _secure(request)
     response.set_cookie(
-        COOKIE,
+        cookie_name(secure),
         cookie,
         max_age=console.sessions.ttl,
-        path=PREFIX,
+        path="/" if secure else PREFIX,
         httponly=True,
         samesite="Strict",
-        secure=request.secure,
+        secure=secure,
     )
     return response
 
 
 async def logout(request: web.Request) -> web.Response:
+    """End the session here and everywhere: its id is recorded as revoked in Redis for what
+    is left of the cookie's life. A CSRF token is enough (no proof of login): whoever holds
+    the cookie may end it."""
     console = request.app[CONSOLE]
+    session = session_of(request)
     form = await request.post()
-    if not console.sessions.csrf_ok(session_of(request), str(form.get("csrf") or "")):
+    if not console.sessions.csrf_ok(session, str(form.get("csrf") or "")):
         return error_page(request, 403, "the form's CSRF token does not match; reload the page")
+    if not session.open:
+        assert console.state is not None
+        await console.state.revoke(session.nonce, session.expires - int(time.time()) + 1)
+        log.info("console_logout", tenant=session.tenant, role=session.role, key_name=session.name)
     response = see_other(f"{PREFIX}/login")
-    response.del_cookie(COOKIE, path=PREFIX, httponly=True, samesite="Strict")
+    secure = _secure(request)
+    response.del_cookie(
+        cookie_name(secure),
+        path="/" if secure else PREFIX,
+        httponly=True,
+        samesite="Strict",
+        secure=secure,
+    )
     return response
 
 
@@ -205,6 +290,14 @@ def build(
     from gateway.console import pages, views  # the route handlers
 
     app = web.Application(middlewares=[console_middleware])
+    if settings.redis.url and settings.auth.keys and not settings.console.secret_env:
+        # the config cannot say how many hosts share this Redis: say what a second one means
+        log.warning(
+            "console_secret_per_host",
+            detail="[console] secret_env is unset: this host signs console logins with its own "
+            "secret (<redis.data_dir>/console.secret); behind one name, several hosts must "
+            "share a secret_env, or a login holds on the host that made it only",
+        )
     console = Console(
         settings=settings,
         sessions=Sessions(
@@ -232,6 +325,9 @@ def build(
     pages.add_routes(app)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        console.state = ConsoleState(
+            store().client, window_seconds=settings.console.login_window_seconds
+        )
         console.runs = ChainRuns(  # the store is made by the gateway's startup, which runs first
             store().client,
             keys=audit_keys,

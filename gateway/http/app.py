@@ -37,7 +37,7 @@ from gateway.http import appkeys as K
 from gateway.http.auth import Authenticator
 from gateway.http.browser import GUARD as BROWSER_GUARD
 from gateway.http.browser import BrowserGuard
-from gateway.http.connections import GUARD, GuardSlot, body_deadline
+from gateway.http.connections import GUARD, GuardSlot, body_deadline, serving
 from gateway.http.jobviews import JOB_ROUTES
 from gateway.http.openapi import build_openapi
 from gateway.http.outputs import OUTPUT_ROUTES, OUTPUTS
@@ -138,7 +138,11 @@ def create_app(
     tenancy = resolve_tenancy(settings)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        middlewares=[_request_middleware, body_deadline(settings.connections.body_timeout_seconds)],
+        middlewares=[
+            serving,
+            _request_middleware,
+            body_deadline(settings.connections.body_timeout_seconds),
+        ],
     )
     app[GUARD] = GuardSlot()  # `fencegate serve` puts its connection guard here
     app[K.SETTINGS] = settings

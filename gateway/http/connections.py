@@ -2,14 +2,16 @@
 deadlines, the file-descriptor limit, and log lines that stay JSON under any flood.
 
 * **Cap** (``connections.max``, kept below the file-descriptor limit, whose soft value is
-  raised to the hard one at start). At the cap, the oldest connection that has not started
-  a request (an idle or slow-header socket) is closed for the new one; when every one is
-  serving a request, the new one gets ``503`` with ``Retry-After`` and is closed.
+  raised to the hard one at start). At the cap, the connection idle longest (nothing sent
+  since it opened or since its last response was written), else the oldest still sending a
+  head, is closed for the new one. A connection serves from the moment its head is complete
+  (its blank line arrived, before the handler runs) until its response is written; then it
+  is idle again. When every one is serving, the new one gets ``503`` with ``Retry-After``.
+  A request pipelined behind another is not seen: an eviction after the first response
+  ends it unanswered (HTTP lets a pipelining client retry what was not answered).
 * **Header and idle deadline** (``connections.idle_timeout_seconds``): aiohttp's keep-alive
-  timer, which also runs from the moment a connection opens: a connection that has not
-  sent a complete request head by then, or sits idle that long between requests, is closed.
-* **Body deadline** (``connections.body_timeout_seconds``): the whole body must arrive in
-  time, else ``408 request_timeout`` and the connection is closed.
+  timer, also from the moment a connection opens (a complete head by then, or closed).
+* **Body deadline** (``connections.body_timeout_seconds``): else ``408 request_timeout``.
 * **Logs**: the standard library's loggers (aiohttp's server and access loggers, asyncio)
   go through structlog as JSON lines, at most ``connections.log_lines_per_second``; the rest
   are counted and reported in the next line (``suppressed``). No raw traceback reaches stderr.
@@ -44,6 +46,7 @@ __all__ = [
     "bridge_stdlib_logging",
     "raise_fd_limit",
     "run_app",
+    "serving",
 ]
 
 log = structlog.get_logger("fencegate.connections")
@@ -63,6 +66,9 @@ def raise_fd_limit() -> int:
     return soft
 
 
+_HEAD_END = b"\r\n\r\n"
+
+
 class _Conn(asyncio.Protocol):
     """One client connection: aiohttp's protocol behind a gate that counts and evicts."""
 
@@ -71,8 +77,8 @@ class _Conn(asyncio.Protocol):
         self.inner: Any = None
         self.transport: asyncio.Transport | None = None
         self.opened = time.monotonic()
-        self.spoke = False  # has sent bytes
-        self.started = False  # has begun a request (middleware saw it)
+        self.busy = False  # serving a request: its head is complete, its response not written
+        self.tail = b""  # the last bytes of a head that is still arriving (a split blank line)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -82,9 +88,14 @@ class _Conn(asyncio.Protocol):
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if not self.spoke:
-            self.spoke = True
-            self.guard.spoke(self)
+        if not self.busy:
+            seen = self.tail + data
+            if _HEAD_END in seen:
+                self.tail = b""
+                self.guard.started(self)
+            else:
+                self.tail = seen[-3:]
+                self.guard.spoke(self)
         if self.inner is not None:
             self.inner.data_received(data)
 
@@ -106,15 +117,16 @@ class _Conn(asyncio.Protocol):
 
 
 class ConnectionGuard:
-    """Counts connections; at the cap evicts the oldest that has not started a request, or
-    refuses the new one with a 503."""
+    """Counts connections; at the cap evicts the one idle longest (else the oldest still
+    sending its head), never one serving a request; else refuses the new one with a 503."""
 
     def __init__(self, server: Callable[[], Any], settings: ConnectionSettings, cap: int) -> None:
         self.server = server
         self.cap = cap
         self.open: dict[asyncio.Transport, _Conn] = {}
-        # not serving a request yet, oldest first: sent nothing / sent part of a head
-        self.fresh: dict[_Conn, None] = {}
+        # not serving, oldest first: idle (nothing sent since open or the last response) /
+        # sending a request head
+        self.idle: dict[_Conn, None] = {}
         self.partial: dict[_Conn, None] = {}
         self.refused = self.evicted = 0
         self._reported = 0.0
@@ -148,39 +160,55 @@ class ConnectionGuard:
             self._report()
             return False
         self.open[conn.transport] = conn
-        self.fresh[conn] = None
+        self.idle[conn] = None
         return True
 
     def _evict(self) -> bool:
-        """Close the oldest connection that has sent nothing, else the oldest that has not
-        completed a request head: never one that is serving a request."""
-        for queue in (self.fresh, self.partial):
+        """Close the one idle longest, else the oldest sending a head; never one serving,
+        nor one whose response is still in the socket's write buffer."""
+        for queue in (self.idle, self.partial):
             for conn in queue:
+                transport = conn.transport
+                if transport is not None and transport.get_write_buffer_size() > 0:
+                    continue
                 queue.pop(conn)
                 self.evicted += 1
-                if conn.transport is not None:
-                    self.open.pop(conn.transport, None)
-                    conn.transport.abort()
+                if transport is not None:
+                    self.open.pop(transport, None)
+                    transport.abort()
                 self._report()
                 return True
         return False
 
     def spoke(self, conn: _Conn) -> None:
-        if self.fresh.pop(conn, 0) is None:
+        """Bytes of a request head that is not complete yet."""
+        if self.idle.pop(conn, 0) is None:
             self.partial[conn] = None
 
+    def started(self, conn: _Conn) -> None:
+        """A complete request head: the connection serves until :meth:`finished`."""
+        conn.busy = True
+        self.idle.pop(conn, None)
+        self.partial.pop(conn, None)
+
+    def finished(self, transport: Any) -> None:
+        """The response of the connection's request is written: idle again (the newest)."""
+        conn = self.open.get(transport)
+        if conn is not None and conn.busy:
+            conn.busy = False
+            conn.tail = b""
+            self.idle[conn] = None
+
+    def serving(self, transport: Any) -> None:
+        """A request reached the middleware (its head may have ended in a bare LF)."""
+        if (conn := self.open.get(transport)) is not None and not conn.busy:
+            self.started(conn)
+
     def release(self, conn: _Conn) -> None:
-        self.fresh.pop(conn, None)
+        self.idle.pop(conn, None)
         self.partial.pop(conn, None)
         if conn.transport is not None:
             self.open.pop(conn.transport, None)
-
-    def started(self, transport: Any) -> None:
-        conn = self.open.get(transport)
-        if conn is not None and not conn.started:
-            conn.started = True
-            self.fresh.pop(conn, None)
-            self.partial.pop(conn, None)
 
     def _report(self) -> None:
         now = time.monotonic()
@@ -204,6 +232,28 @@ class GuardSlot:
 GUARD = web.AppKey("connection_guard", GuardSlot)
 
 
+@web.middleware
+async def serving(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The outermost middleware: the connection serves until its response is written here
+    (the two calls aiohttp makes next, which then do nothing), then it is idle again."""
+    slot = request.app.get(GUARD)
+    guard = slot.guard if slot is not None else None
+    if guard is None:
+        return await handler(request)
+    transport = request.transport
+    guard.serving(transport)
+    try:
+        response = await handler(request)
+        with contextlib.suppress(ConnectionError):  # aiohttp's own write sees it again
+            await response.prepare(request)
+            await response.write_eof()
+        return response
+    finally:
+        guard.finished(transport)
+
+
 def body_deadline(timeout: float) -> Any:
     """Middleware: the whole body within ``timeout`` (else 408 and the connection closes)."""
 
@@ -211,9 +261,6 @@ def body_deadline(timeout: float) -> Any:
     async def middleware(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        slot = request.app.get(GUARD)
-        if slot is not None and slot.guard is not None:
-            slot.guard.started(request.transport)
         limit = request.app[K.SETTINGS].server.max_body_bytes
         length = request.content_length
         streams = getattr(request.match_info.handler, "streams_body", False)  # outputs

@@ -10,11 +10,17 @@ Keys: ``<prefix><tenant>/<job>/g<generation>/<name>`` (:func:`output_key`). Tena
 job match ``NAME_RE`` (no ``/``), the generation is a decimal integer and the name is
 checked by :func:`valid_output_name` before any key is built, so a key can never leave
 its attempt's prefix (no ``..``, no absolute path, no separator, no NUL).
+
+The file store is private to the gateway's user, whatever the umask: its root folder is
+made mode 0700 at start, and every object written is mode 0600 in folders of mode 0700
+(obstore creates them with the umask's modes; they are narrowed once the put has ended,
+and the 0700 root keeps every other local user out before that).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -146,6 +152,11 @@ class ObjectStore:
             )  # fmt: skip
         except (ObstoreBaseError, OSError) as exc:
             raise ObjectStoreError(f"object store put failed: {exc}") from exc
+        if self.kind == "file":
+            try:
+                await asyncio.to_thread(_private, Path(self.where), self.prefix + key)
+            except OSError as exc:
+                raise ObjectStoreError(f"object store put failed: {exc}") from exc
         return str(result.get("e_tag") or "")
 
     async def head(self, key: str) -> ObjectInfo | None:
@@ -280,6 +291,20 @@ class ObjectStore:
             raise ObjectStoreError(f"object store sign failed: {exc}") from exc
 
 
+FILE_MODE = 0o600
+FOLDER_MODE = 0o700
+
+
+def _private(root: Path, key: str) -> None:
+    """Narrow an object just written under ``root`` to 0600 and its folders to 0700."""
+    path = root / key
+    os.chmod(path, FILE_MODE)
+    folder = path.parent
+    while folder != root and root in folder.parents:
+        os.chmod(folder, FOLDER_MODE)
+        folder = folder.parent
+
+
 def default_path(settings: Settings) -> Path:
     """The file store's directory: ``outputs.path``, else ``<redis.data_dir>-outputs``."""
     if settings.outputs.path:
@@ -293,7 +318,8 @@ def build_object_store(settings: Settings, secret: Callable[[str, str], str]) ->
     out: OutputSettings = settings.outputs
     if out.store == "file":
         path = default_path(settings).resolve()
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+        os.chmod(path, FOLDER_MODE)  # mkdir's mode is masked by the umask, and exist_ok keeps
         files = ObjectStore(LocalStore(str(path)), "file", out.prefix, str(path))
         floor = out.min_free_mb
         data = Path(settings.redis.data_dir)

@@ -138,9 +138,10 @@ class CheckpointSettings(_Section):
 class ConnectionSettings(_Section):
     """Connection hygiene of the HTTP server (``[connections]``)."""
 
-    # Connections open at once. At the cap, the oldest connection that has not started a
-    # request is closed for the new one; if every one is busy, the new one gets 503 with
-    # Retry-After and is closed. Kept below the file-descriptor limit (raised at start).
+    # Connections open at once. At the cap, the connection idle longest (a keep-alive one
+    # whose last response is written counts), else the oldest still sending a request head,
+    # is closed for the new one; if every one is serving a request, the new one gets 503
+    # with Retry-After and is closed. Kept below the file-descriptor limit (raised at start).
     max: Annotated[int, Field(ge=8, le=1_000_000)] = 4096
     # A new connection must send a complete request head within this, and a keep-alive
     # connection is closed after this long idle.
@@ -244,9 +245,20 @@ class ConsoleSettings(_Section):
     # How long a login lasts (the signed cookie's expiry).
     cookie_ttl_seconds: Annotated[int, Field(ge=60, le=7 * 86400)] = 8 * 3600
     # Names the env var with the secret that signs console cookies and CSRF tokens (the same in
-    # every worker and gateway behind one name); empty: derived from the secrets the gateway
-    # already reads, else a random one kept in <redis.data_dir>/console.secret.
+    # every gateway host behind one name: set it when several hosts serve one console); empty:
+    # a random secret kept in <redis.data_dir>/console.secret (mode 0600, created once, shared
+    # by the workers and gateways of that data dir). Never derived from API or signing keys.
     secret_env: str = ""
+    # Browsers reach the console over HTTPS through a TLS-terminating proxy in front of the
+    # gateway: the login cookie is then __Host-fg_console (Secure, Path=/, no Domain), as it
+    # is on a TLS connection. (List the https:// origin in server.allowed_origins too.)
+    https: bool = False
+    # Failed logins, counted in Redis (every process and host alike) in fixed windows: past
+    # per_peer failures from one peer address, or total from all peers, logins are refused
+    # with 429 and Retry-After until the window ends; 0 turns a limit off.
+    login_failures_per_peer: Annotated[int, Field(ge=0, le=1_000_000)] = 10
+    login_failures_total: Annotated[int, Field(ge=0, le=1_000_000)] = 200
+    login_window_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
     # Live pages: how often the process reads the tenant feeds (one read per tenant with open
     # tabs, whatever the number of tabs), and the SSE keep-alive (a closed tab is noticed
     # within about this long).

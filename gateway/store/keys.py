@@ -42,6 +42,10 @@ so the tag is unambiguous.
 ``fg:nd:tenants``       set of the tenants that have such hints.
 ``fg:nd:turn``          the gateway that reconciles the hints this interval (SET NX PX).
 ``fg:chain:t:<t>``      per tenant: the summary of the last audit chain check (JSON).
+``fg:con:rv:<sid>``     a console session logged out (gateway.store.consolestate); TTL =
+                        what was left of its cookie's life.
+``fg:con:lf:<peer>``    failed console logins of one peer in the current window (TTL).
+``fg:con:lf``           failed console logins of every peer in the current window (TTL).
 ``fg:epoch``            a counter every gateway bumps; a Redis whose epoch is below
                         the one a gateway last saw came back from an older snapshot.
 ``fg:quarantine``       why Redis was quarantined (JSON: when, by which gateway, the
@@ -78,6 +82,8 @@ __all__ = [
     "JobKeys",
     "audit_feed",
     "chain_check",
+    "console_failures",
+    "console_revoked",
     "key_slot",
     "needs_hint",
     "needs_index",
@@ -147,6 +153,15 @@ def needs_hint(tenant: str) -> str:
 
 def chain_check(tenant: str) -> str:
     return "fg:chain:t:" + tenant
+
+
+def console_revoked(session_id: str) -> str:
+    return "fg:con:rv:" + session_id
+
+
+def console_failures(peer: str | None) -> str:
+    """Failed console logins of ``peer`` (None: of every peer)."""
+    return "fg:con:lf" if peer is None else "fg:con:lf:" + peer
 
 
 @dataclass(frozen=True, slots=True)

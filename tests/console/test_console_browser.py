@@ -9,6 +9,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from playwright.async_api import expect
 
 from tests.console.conftest import (
@@ -220,4 +223,70 @@ async def test_who_may_see_what(console: Console, tabs: Any) -> None:
         await tab.page.context.add_cookies([{**cookie, "value": value}])
         await tab.page.goto(console.base + "/console/rejections")
         await expect(tab.page.locator("#key")).to_be_visible()
+    assert tab.csp_violations() == []
+
+
+async def test_a_page_on_another_port_gets_the_cookie_but_cannot_resolve(
+    console: Console, tabs: Any
+) -> None:
+    """Browsers send a host's cookies to every port: a service on another port of this host
+    receives the console cookie and replays it (reading a page for its CSRF token). It
+    cannot resolve a step; the operator's own tab, which holds the proof of login, can."""
+    await console.register("ship-9", 1)
+    assert (await console.effect("ship-9", "label", 1, adapter="flaky")).status == 504
+    seen: list[str] = []
+
+    async def other_service(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie", ""))
+        return web.Response(text="<p>another service</p>", content_type="text/html")
+
+    other = web.Application()
+    other.router.add_get("/{tail:.*}", other_service)
+    server = TestServer(other, host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        tab = await tabs(console.base)
+        await tab.login(AUDITOR, "/console/attention")
+        await expect(tab.page.locator("#n-ship-9-label")).to_be_visible()
+        await tab.page.goto(f"http://127.0.0.1:{server.port}/console/")
+        await expect(tab.page.locator("p")).to_have_text("another service")
+        [cookie] = [c for c in seen[0].split("; ") if c.startswith("fg_console=")]
+        replay = {"Cookie": cookie, "Origin": console.base}
+        async with aiohttp.ClientSession() as thief:
+            async with thief.get(console.base + "/console/attention", headers=replay) as resp:
+                csrf = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
+            assert csrf is not None  # the cookie alone reads pages (docs/console.md)
+            form = {"outcome": "delivered", "confirm": "yes", "csrf": csrf[1], "proof": ""}
+            url = console.base + "/console/jobs/ship-9/steps/label/resolve"
+            async with thief.post(url, data=form, headers=replay) as resp:
+                assert resp.status == 403
+        record = await console.gw.client.get(
+            "/v1/jobs/ship-9/effects/label", headers={"Authorization": f"Bearer {AUDITOR}"}
+        )
+        assert (await record.json())["state"] == "unknown"
+        await tab.page.goto(console.base + "/console/attention")
+        row = tab.page.locator("#n-ship-9-label")
+        await expect(row.locator("label.reauth")).to_be_hidden()  # the tab holds the proof
+        await row.locator("input[value=not_delivered]").check()
+        await row.locator("input[name=confirm]").check()
+        await row.locator("button[type=submit]").click()
+        await expect(tab.page.locator("#flash")).to_contain_text("ship-9/label")
+        assert tab.csp_violations() == [] and tab.errors == []
+    finally:
+        await server.close()
+
+
+async def test_after_logout_the_old_cookie_shows_the_login_form(
+    console: Console, tabs: Any
+) -> None:
+    tab = await tabs(console.base)
+    await tab.login(ADMIN, "/console/chain")
+    await expect(tab.page.locator("#wording")).to_be_visible()
+    [cookie] = await tab.page.context.cookies()
+    await tab.page.click("header form.inline button[type=submit]")  # log out
+    await tab.page.wait_for_url("**/console/login")
+    assert await tab.page.evaluate("localStorage.getItem('fencegate.console.proof')") is None
+    await tab.page.context.add_cookies([cookie])  # the cookie, kept from before the logout
+    await tab.page.goto(console.base + "/console/chain")
+    await expect(tab.page.locator("#key")).to_be_visible()
     assert tab.csp_violations() == []

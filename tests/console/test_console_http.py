@@ -28,15 +28,25 @@ def test_vendored_files_are_the_published_ones() -> None:
         assert digest in notes and "0BSD" in notes
 
 
-async def logged_in(console: Console, key: str = AUDITOR) -> tuple[aiohttp.ClientSession, str]:
-    """A client session holding the console cookie, and the page's CSRF token."""
+async def logged_in(
+    console: Console, key: str = AUDITOR, *, proof: list[str] | None = None
+) -> tuple[aiohttp.ClientSession, str]:
+    """A client session holding the console cookie, and the page's CSRF token; the proof of
+    login (the fragment of the login's redirect) is appended to ``proof`` when given."""
     session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
     async with session.post(
         console.base + "/console/login",
         data={"key": key, "next": "/console/rejections"},
         headers={"Origin": console.base},
+        allow_redirects=False,
     ) as resp:
-        assert resp.status == 200 and resp.url.path == "/console/rejections"
+        assert resp.status == 303, await resp.text()
+        target, _, fragment = resp.headers["Location"].partition("#fg-proof=")
+        assert target == "/console/rejections"
+    if proof is not None:
+        proof.append(fragment)
+    async with session.get(console.base + target) as resp:
+        assert resp.status == 200
         page = await resp.text()
     csrf = re.search(r'name="csrf" value="([^"]+)"', page)
     assert csrf is not None
@@ -254,12 +264,15 @@ async def test_a_keyed_chain_is_worded_as_such(make_gateway: Any, monkeypatch: A
 async def test_resolve_needs_csrf_confirmation_and_this_origin(console: Console) -> None:
     await console.register("csrf-1", 1)
     assert (await console.effect("csrf-1", "s", 1, adapter="flaky")).status == 504
-    session, csrf = await logged_in(console)
+    proof: list[str] = []
+    session, csrf = await logged_in(console, proof=proof)
     url = console.base + "/console/jobs/csrf-1/steps/s/resolve"
-    form = {"outcome": "delivered", "confirm": "yes", "csrf": csrf}
+    form = {"outcome": "delivered", "confirm": "yes", "csrf": csrf, "proof": proof[0]}
     async with session:
         for data, headers, status in (
             ({**form, "csrf": "forged"}, {"Origin": console.base}, 403),
+            ({**form, "proof": ""}, {"Origin": console.base}, 403),
+            ({**form, "proof": "forged"}, {"Origin": console.base}, 403),
             ({**form, "confirm": ""}, {"Origin": console.base}, 400),
             (form, {"Origin": "http://evil.example"}, 403),
             ({**form, "result": "{not json"}, {"Origin": console.base}, 400),

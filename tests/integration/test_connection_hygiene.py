@@ -4,7 +4,11 @@ the file-descriptor limit raised, and every log line JSON."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import json
+import re
 import resource
 import socket
 import subprocess
@@ -12,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from gateway.http.connections import ConnectionGuard
+from gateway.runtime.settings import ConnectionSettings
 from tests.integration.test_serve import Serve, serves, write_config
 
 __all__ = ["serves"]
@@ -109,6 +115,68 @@ def test_idle_sockets_cannot_block_service(tmp_path: Path, serves: list[Serve]) 
     _all_json(s)
 
 
+def _get_healthz(sock: socket.socket) -> bytes:
+    """One keep-alive ``GET /healthz`` on ``sock``: the response's head and body, read whole."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    sock.settimeout(5)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])  # type: ignore[index]
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head
+
+
+def _evicted_total(s: Serve) -> int:
+    totals = [0]
+    for line in s.output().splitlines():
+        event = json.loads(line)
+        if event.get("event") == "connection_cap_reached":
+            totals.append(int(event["evicted_idle_total"]))
+    return max(totals)
+
+
+def test_keep_alive_connections_that_answered_are_evicted_at_the_cap(
+    tmp_path: Path, serves: list[Serve]
+) -> None:
+    digest = hashlib.sha256(b"globex-scheduler-key").hexdigest()
+    s = _start(
+        tmp_path,
+        serves,
+        "[connections]\nmax = 8\nidle_timeout_seconds = 30\n"
+        f'[[auth.keys]]\nrole = "scheduler"\nsha256 = "{digest}"\ntenant = "globex"\n',
+    )
+    hog = [_connect(s) for _ in range(8)]  # no key: every socket makes keep-alive calls
+    globex = {"Authorization": "Bearer globex-scheduler-key"}
+    served = []
+    for round_ in range(3):
+        for i, c in enumerate(hog):  # the hog's periodic keep-alive; an evicted socket reopens
+            head = b""
+            with contextlib.suppress(OSError):
+                head = _get_healthz(c)
+            if not head.startswith(b"HTTP/1.1 200"):
+                c.close()
+                hog[i] = _connect(s)
+                with contextlib.suppress(OSError):
+                    _get_healthz(hog[i])
+        time.sleep(0.2)
+        job = f"/v1/jobs/j{round_}/generations"
+        served.append(s.call("POST", job, {"generation": 1}, globex)[0])
+    assert served == [201, 201, 201], served  # another tenant's calls are served
+    assert _evicted_total(s) > 0
+    for c in hog:
+        c.close()
+    _all_json(s)
+
+
 def test_file_descriptor_soft_limit_is_raised_to_the_hard_limit(
     tmp_path: Path, serves: list[Serve]
 ) -> None:
@@ -152,3 +220,54 @@ def test_server_log_flood_stays_json_and_rate_limited() -> None:
     assert events[0]["exception"] == "ConnectionResetError: peer went away"
     assert events[-1]["logger"] == "asyncio" and events[-1]["suppressed"] > 0
     assert len(events) + sum(e.get("suppressed", 0) for e in events) == 1001  # all counted
+
+
+class _Unanswered(asyncio.Protocol):
+    """An inner protocol whose handler has not run yet: it takes bytes and answers nothing."""
+
+    def __init__(self, got: asyncio.Event) -> None:
+        self.got = got
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        pass
+
+    def data_received(self, data: bytes) -> None:
+        self.got.set()
+
+
+async def test_a_connection_whose_head_arrived_is_not_evicted_before_its_handler_runs() -> None:
+    """At the cap, a connection that sent a complete request head serves from then on, even
+    before the request reaches the middleware; the one still sending a head is evicted."""
+    loop = asyncio.get_running_loop()
+    got = asyncio.Event()
+    guard = ConnectionGuard(lambda: _Unanswered(got), ConnectionSettings(), cap=2)
+    server = await loop.create_server(guard.factory, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        whole_r, whole_w = await asyncio.open_connection("127.0.0.1", port)
+        whole_w.write(b"POST /v1/jobs/j/effects/s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        await whole_w.drain()
+        await asyncio.wait_for(got.wait(), 5)
+        part_r, part_w = await asyncio.open_connection("127.0.0.1", port)
+        got.clear()
+        part_w.write(b"GET /healthz HTTP/1.1\r\nHost: ")
+        await part_w.drain()
+        await asyncio.wait_for(got.wait(), 5)
+        _, new_w = await asyncio.open_connection("127.0.0.1", port)  # at the cap
+
+        async def closed(reader: asyncio.StreamReader, wait: float) -> bool:
+            try:
+                return await asyncio.wait_for(reader.read(), wait) == b""
+            except ConnectionError:
+                return True
+            except TimeoutError:
+                return False
+
+        assert await closed(part_r, 5)  # evicted: it had not completed its head
+        assert not await closed(whole_r, 0.5)  # still open, awaiting its answer
+        assert len(guard.open) == 2 and guard.evicted == 1
+        for w in (whole_w, part_w, new_w):
+            w.close()
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -390,3 +391,27 @@ async def test_presigned_upload_through_real_http(ogw: Any, objects: Objects) ->
         f"/v1/jobs/{JOB}/outputs/report/upload-url", headers={"Fencing-Token": str(gen)}
     )
     assert resp.status == 409 and (await resp.json())["code"] == "stale_generation"
+
+
+async def test_file_store_keeps_outputs_private_whatever_the_umask(
+    make_gateway: Any, tmp_path: Path
+) -> None:
+    root = tmp_path / "outputs"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    old = os.umask(0o022)  # the usual umask: files 0644, folders 0755 unless narrowed
+    try:
+        gw = await make_gateway(outputs={"store": "file", "path": str(root)})
+        gen = await register(gw)
+        resp = await put(gw, gen, b"name,salary\nada,1\n", name="payroll.csv")
+        assert resp.status == 201, await resp.text()
+    finally:
+        os.umask(old)
+    obj = root / "default" / JOB / f"g{gen}" / "payroll.csv"
+    assert stat.S_IMODE(obj.stat().st_mode) == 0o600
+    folder = obj.parent
+    while True:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+        if folder == root:
+            break
+        folder = folder.parent

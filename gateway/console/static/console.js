@@ -1,8 +1,40 @@
 // fencegate console: the one own script (CSP: script-src 'self'). Optional: every page works
-// without it. It offers local time next to UTC, remembered in localStorage.
+// without it. It offers local time next to UTC, remembered in localStorage, and keeps the
+// proof of login: the login's redirect carries it in the fragment (#fg-proof=..., never sent
+// to a server); it is kept in this origin's localStorage (a page on another port or host
+// cannot read it) and added to every form posted, so that a cookie replayed from elsewhere
+// cannot change anything. Without it a state-changing form asks for the API key again.
 (function () {
   "use strict";
   var KEY = "fencegate.console.localTime";
+  var PROOF = "fencegate.console.proof";
+  var hash = window.location.hash;
+  if (hash.indexOf("#fg-proof=") === 0) {
+    window.localStorage.setItem(PROOF, hash.slice("#fg-proof=".length));
+    window.history.replaceState(null, "", window.location.pathname + window.location.search);
+  }
+  function proof() { return window.localStorage.getItem(PROOF) || ""; }
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    if (!(form instanceof HTMLFormElement) || form.method.toLowerCase() !== "post") { return; }
+    if (form.getAttribute("action") === "/console/logout") {
+      window.localStorage.removeItem(PROOF);
+      return;
+    }
+    if (form.getAttribute("action") === "/console/login") { return; }
+    var field = form.querySelector("input[name=proof]");
+    if (!field) {
+      field = document.createElement("input");
+      field.type = "hidden";
+      field.name = "proof";
+      form.appendChild(field);
+    }
+    field.value = proof();
+  }, true);
+  function hideReauth(root) {
+    if (!proof()) { return; }
+    root.querySelectorAll("label.reauth").forEach(function (l) { l.hidden = true; });
+  }
   function local() { return window.localStorage.getItem(KEY) === "1"; }
   function render(root) {
     var on = local();
@@ -29,7 +61,8 @@
       });
     }
     render(document);
+    hideReauth(document);
   });
-  document.addEventListener("htmx:afterSwap", function (e) { render(e.target); });
+  document.addEventListener("htmx:afterSwap", function (e) { render(e.target); hideReauth(e.target); });
   document.addEventListener("htmx:sseMessage", function (e) { render(e.target); });
 })();
