@@ -45,7 +45,7 @@ from gateway.http.problems import from_http_exception, problem_response
 from gateway.http.views import HOT_HANDLERS, ROUTES
 from gateway.objects import build_object_store
 from gateway.objects.space import SpaceFloor
-from gateway.runtime.logging import end_request, log_request, request_context
+from gateway.runtime.logging import end_request, flush_logs, log_request, request_context
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import ConfigError, Settings, read_secret
 from gateway.store import anchors as anchors_module
@@ -367,6 +367,11 @@ def create_app(
                 log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
 
     app.on_shutdown.append(drain_on_shutdown)
+
+    async def flush_log_lines(app: web.Application) -> None:
+        flush_logs()  # the buffered request lines of the last requests
+
+    app.on_cleanup.append(flush_log_lines)
     app.cleanup_ctx.append(redis_ctx)
     app.cleanup_ctx.append(adapters_ctx)
     # the router tries routes sharing a prefix in the order added: the hot ones first

@@ -87,3 +87,41 @@ def test_request_line_fast_path_renders_what_structlog_renders() -> None:
     assert fast["worker_id"] == "w [redacted]" and fast["authorization"] == "[redacted]"
     assert fast["bound_by_adapter"] == "yes" and fast["level"] == "info"
     assert fast["opaque"] == "<opaque>"
+
+
+_BUFFERED = r"""
+import asyncio, sys
+from gateway.runtime.logging import configure_logging, log_request
+import structlog
+
+configure_logging(json=True)
+log = structlog.get_logger("t")
+
+async def main():
+    for i in range(500):
+        log_request({"n": i})
+    log.error("an_error_after_500_requests")  # written at once, after what was buffered
+    for i in range(500, 700):
+        log_request({"n": i})
+    # no flush: the process ends here, the buffer goes out at exit
+
+asyncio.run(main())
+"""
+
+
+def test_request_lines_are_buffered_in_order_and_none_is_lost_at_exit() -> None:
+    """Request lines are written in batches, off the request path; an error line goes out at
+    once and after every request line logged before it; the last batch is written at exit."""
+    import subprocess
+    import sys
+
+    import orjson
+
+    run = subprocess.run(
+        [sys.executable, "-c", _BUFFERED], capture_output=True, check=True, timeout=60
+    )
+    lines = [orjson.loads(line) for line in run.stderr.splitlines()]
+    requests = [e["n"] for e in lines if e["event"] == "request"]
+    assert requests == list(range(700))
+    error_at = next(i for i, e in enumerate(lines) if e["event"] == "an_error_after_500_requests")
+    assert error_at == 500
