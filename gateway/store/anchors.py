@@ -66,9 +66,15 @@ ANCHOR_FILE = "audit-anchors.jsonl"
 ANCHOR_FIELDS = ("v", "at", "tenant", "job_id", "entry", "head", "count", "seen", "kid")
 PIPE_BUF = 4096
 MIN_KEY_BYTES = 16
-# jobs read per round when anchoring (one MULTI each, pipelined side by side)
-_CHUNK = 64
+# jobs read per round trip when anchoring (see Anchorer._snapshots)
+_CHUNK = 256
 _ID_RE = re.compile(r"^(\d{1,20}-\d{1,20})?$")  # a stream entry id, or none
+
+
+def _consistent(snap: list[Any]) -> bool:
+    """A chain's snapshot holds the entry last seen here, and its head names its newest."""
+    (_, last), _, newest, seen_rows = snap
+    return bool(seen_rows and last and last == (newest[0][0] if newest else None))
 
 
 def audit_keys(settings: Settings, secret: Callable[[str, str], str]) -> list[str]:
@@ -156,26 +162,42 @@ class Anchorer:
         self._kid = key_id(self._key) if self._key else ""
         self._task: asyncio.Task[None] | None = None
 
-    async def _snapshot(self, job: JobKeys, seen: str) -> list[Any]:
-        # redis-py's RedisCluster runs each command queued on a transaction pipeline in a new
-        # thread with its own event loop and joins it: after a failover (the client marked
-        # for re-initialisation) that thread waits on the main loop's connections forever and
-        # the join blocks the whole gateway. On a cluster: one plain pipeline (one slot, one
-        # node, one round trip), not atomic; a chain extended between its reads is re-read.
-        pipe = self._client.pipeline(transaction=not is_cluster(self._client))
-        pipe.hmget(job.job, "audit_head", "audit_last")
-        pipe.xlen(job.audit)
-        pipe.xrevrange(job.audit, count=1)
-        pipe.xrange(job.audit, seen, seen)
-        return list(await pipe.execute())
+    async def _snapshots(self, jobs: Sequence[tuple[JobKeys, str]]) -> list[list[Any]]:
+        """Each job's chain head, length, newest entry and the entry last seen here, for a
+        whole chunk of jobs in one round trip: standalone, one MULTI/EXEC (one consistent
+        snapshot of every chain); on a cluster, one plain pipeline, split per node by redis-py.
 
-    async def _read(self, job: JobKeys, seen: str) -> dict[str, Any] | None:
-        for _ in range(3 if is_cluster(self._client) else 1):
-            (head, last), count, newest, seen_rows = await self._snapshot(job, seen)
-            newest_id = newest[0][0] if newest else None
-            if seen_rows and last and last == newest_id:
+        redis-py's RedisCluster runs each command queued on a transaction pipeline in a new
+        thread with its own event loop and joins it: after a failover (the client marked for
+        re-initialisation) that thread waits on the main loop's connections forever and the
+        join blocks the whole gateway. So never a transaction there: not atomic, and a chain
+        extended between its reads is read again (:meth:`_records`)."""
+        pipe = self._client.pipeline(transaction=not is_cluster(self._client))
+        for job, seen in jobs:
+            pipe.hmget(job.job, "audit_head", "audit_last")
+            pipe.xlen(job.audit)
+            pipe.xrevrange(job.audit, count=1)
+            pipe.xrange(job.audit, seen, seen)
+        flat = list(await pipe.execute())
+        return [flat[i : i + 4] for i in range(0, len(flat), 4)]
+
+    async def _records(self, jobs: Sequence[tuple[JobKeys, str]]) -> list[dict[str, Any]]:
+        snapshots = await self._snapshots(jobs)
+        for _ in range(2 if is_cluster(self._client) else 0):  # re-read chains caught moving
+            moving = [i for i, snap in enumerate(snapshots) if not _consistent(snap)]
+            if not moving:
                 break
-        if not seen_rows or not last or last != newest_id:
+            again = await self._snapshots([jobs[i] for i in moving])
+            for i, snap in zip(moving, again, strict=True):
+                snapshots[i] = snap
+        return [
+            self._record(job, seen, snap) for (job, seen), snap in zip(jobs, snapshots, strict=True)
+        ]
+
+    def _record(self, job: JobKeys, seen: str, snap: list[Any]) -> dict[str, Any]:
+        (head, last), count, newest, seen_rows = snap
+        newest_id = newest[0][0] if newest else None
+        if not _consistent(snap):
             log.error(
                 "audit_chain_inconsistent",
                 tenant=job.tenant,
@@ -216,8 +238,7 @@ class Anchorer:
         try:
             for i in range(0, len(jobs), _CHUNK):
                 chunk = jobs[i : i + _CHUNK]
-                read = await asyncio.gather(*(self._read(j, seen) for j, seen in chunk))
-                records += [r for r in read if r is not None]
+                records += await self._records(chunk)
         except (TimeoutError, RedisError, OSError) as exc:
             again()
             report = log.error if isinstance(exc, ResponseError) else log.warning  # ACL, bug
