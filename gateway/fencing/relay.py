@@ -137,7 +137,7 @@ class Relaying(Dispatcher):
                 if exc.unacknowledged:  # it ran; its replicas lag: sending again only waits
                     break
         if not await self._void(keys, step, dispatch_id):
-            self._voids.add((keys, step, dispatch_id))
+            self._voids.add((keys, step, dispatch_id, None))
         return None
 
     async def _relay_one(self, keys: JobKeys, step: str) -> bool:

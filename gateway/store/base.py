@@ -34,9 +34,9 @@ from gateway.store.scripts import (
     MARKER_MISSING,
     SCRIPT_NAMES,
     UNINITIALISED,
-    _lua_source,
     _oom,
     _unavailable,
+    lua_source,
 )
 
 T = TypeVar("T")
@@ -63,6 +63,10 @@ class StoreBase:
     ) -> None:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
+        self._request_ttl_ms = int(request_memory_seconds * 1000)
+        # Redis's clock minus this host's (ms), as last learnt: at boot (TIME) and from an
+        # admit refused as too late. Only the bound of an admit uses it (admit-6 ARGV[17]).
+        self._clock_offset_ms = 0
         self._audit_key = audit_key
         # Jobs whose audit chain got an entry in a reply seen here, with the newest such
         # entry's id: the anchorer's to-do (gateway.store.anchors).
@@ -78,7 +82,7 @@ class StoreBase:
         self._retention = str(retention_seconds)
         self._retention_ms = retention_seconds * 1000
         self._state_file = state_file
-        self._sources = {name: _lua_source(name) for name in SCRIPT_NAMES}
+        self._sources = {name: lua_source(name) for name in SCRIPT_NAMES}
         self._shas = {
             name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
             for name, src in self._sources.items()
@@ -136,6 +140,21 @@ class StoreBase:
                     raise RuntimeError("script SHA mismatch")
 
         await self._guard(load)
+        await self._guard(self.learn_clock)
+
+    async def learn_clock(self) -> None:
+        """Learn Redis's clock (``TIME``) relative to this host's, for :meth:`redis_clock_ms`."""
+        before = time.time()
+        seconds, micros = await self._client.time()
+        self.clock_at(seconds * 1000 + micros // 1000, (before + time.time()) / 2)
+
+    def clock_at(self, redis_ms: int, local: float | None = None) -> None:
+        """Redis's clock read ``redis_ms`` at this host's ``local`` (``time.time()``; now)."""
+        self._clock_offset_ms = redis_ms - int((time.time() if local is None else local) * 1000)
+
+    def redis_clock_ms(self) -> int:
+        """Redis's clock now, as far as this process knows it (this host's plus the offset)."""
+        return int(time.time() * 1000) + self._clock_offset_ms
 
     async def _run(
         self,
