@@ -64,8 +64,8 @@ class StoreBase:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
         self._request_ttl_ms = int(request_memory_seconds * 1000)
-        # Redis's clock minus this host's (ms), as last learnt: at boot (TIME) and from an
-        # admit refused as too late. Only the bound of an admit uses it (admit-6 ARGV[17]).
+        # Redis's clock minus this host's (ms): learnt at boot (TIME) and from a {11} reply;
+        # only the bounds of admits and claims use it (_run_bounded)
         self._clock_offset_ms = 0
         self._audit_key = audit_key
         # Jobs whose audit chain got an entry in a reply seen here, with the newest such
@@ -211,6 +211,31 @@ class StoreBase:
             raise StoreUnavailable(self.marker_missing_detail)
         del reply[0]
         return reply
+
+    async def _run_bounded(
+        self, name: str, job: JobKeys, keys: Sequence[str], args: Sequence[str],
+        request_id: str, run_before_ms: int | None,
+    ) -> list[Any]:  # fmt: skip
+        """:meth:`_run` with a "run before" as the last argument (admit-6, relay-5: arriving
+        later, the script does nothing: {11}); None: Redis's clock as estimated here plus the
+        request memory. A lost reply raises ``StoreUnavailable`` carrying the bound (a void
+        outlives it). A {11} that came back means the estimate was behind: learnt, and once
+        more with a fresh bound (unless the caller's: a re-send keeps the first send's)."""
+        fresh = run_before_ms is None
+        for _ in range(2):
+            if fresh:
+                run_before_ms = self.redis_clock_ms() + self._request_ttl_ms
+            try:
+                reply = await self._run(name, job, keys, (*args, str(run_before_ms)), request_id)
+            except StoreUnavailable as exc:
+                exc.run_before_ms = run_before_ms
+                raise
+            if int(reply[0]) != 11:
+                return reply
+            self.clock_at(int(reply[1]))
+            if not fresh:
+                break
+        raise StoreUnavailable("this call reached Redis too late to run; nothing was done")
 
     # -- durability marker ---------------------------------------------------
 

@@ -1,17 +1,15 @@
 """The only module that talks to Redis: runs the Lua scripts and turns their replies into verdicts.
 
-Every decision (register, admit, record, heartbeat, cancel, reject, resolve,
-relay claim) is one script, one round trip. Each method below turns its
-script's reply into a typed verdict (:mod:`gateway.core.records`); every rejection
-becomes its typed error in one place, :meth:`Store._rejected`. The durability
-checks around the store (markers, epochs, the audit chain) are in
-:mod:`gateway.store.durability`.
+Every decision (register, admit, record, heartbeat, cancel, reject, resolve, relay claim) is
+one script, one round trip. Each method below turns its script's reply into a typed verdict
+(:mod:`gateway.core.records`); every rejection becomes its typed error in one place,
+:meth:`Store._rejected`. The durability checks around the store (markers, epochs, the audit
+chain) are in :mod:`gateway.store.durability`.
 
-Durability (docs/operations.md): every deciding script first checks the durability marker
-of its job's slot (written for all 16384 slots by ``fencegate init``, see
-:mod:`gateway.store.keys`). A Redis that restarted empty, was flushed, or lost a slot
-answers ``{8}`` and the call fails closed with
-:class:`~gateway.core.errors.StoreUnavailable` — atomically, in the same round trip
+Durability (docs/operations.md): every deciding script first checks the durability marker of
+its job's slot (written for all 16384 slots by ``fencegate init``, see :mod:`gateway.store.keys`).
+A Redis that restarted empty, was flushed, or lost a slot answers ``{8}`` and the call fails
+closed with :class:`~gateway.core.errors.StoreUnavailable` — atomically, in the same round trip
 as the decision — until an operator runs ``fencegate init --confirm-data-loss``.
 """
 
@@ -294,55 +292,35 @@ class Store(RelayQueue, StoreReads):
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
 
         ``dispatch_id`` is also the call's request id: sent again with the same one (its
-        reply was lost), the admit answers what it answered the first time.
-
-        ``run_before_ms`` (Redis's clock; default: now as this process knows Redis's clock,
-        plus the request memory): a copy of the admit that reaches Redis later does nothing.
-        A re-send passes the first send's bound, so either copy that runs finds the other's
-        remembered reply. A send whose reply did not come raises ``StoreUnavailable`` with
-        ``run_before_ms`` set: a void of the admit must outlive it (:meth:`void`). An admit
-        refused as too late although its reply came (this host's clock estimate was behind
-        Redis's) teaches the store Redis's clock and is sent once more with a fresh bound.
+        reply was lost), the admit answers what it answered the first time; ``run_before_ms``
+        too (the first send's bound, see ``_run_bounded``: a copy arriving later does nothing).
         """
         dispatch_id = dispatch_id or scripts._dispatch_id()
-        fresh = run_before_ms is None
-        for _ in range(2):
-            if fresh:
-                run_before_ms = self.redis_clock_ms() + self._request_ttl_ms
-            try:
-                reply = await self._run(
-                    "admit-6",
-                    keys,
-                    (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
-                    (
-                        str(generation),
-                        self._registration,
-                        intent_sha256,
-                        adapter,
-                        operation,
-                        dispatch_id,
-                        self._dispatch_timeout_ms,
-                        self._retention,
-                        "1" if resolvable else "0",
-                        keys.job_id,
-                        step,
-                        worker_id,
-                        keys.tenant,
-                        payload_json,
-                        keys.member(step),
-                        by,
-                        str(run_before_ms),
-                    ),
-                    request_id=dispatch_id,
-                )
-            except StoreUnavailable as exc:
-                exc.run_before_ms = run_before_ms
-                raise
-            if int(reply[0]) != 11:
-                break
-            self.clock_at(int(reply[1]))
-            if not fresh:
-                break
+        reply = await self._run_bounded(
+            "admit-6",
+            keys,
+            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
+            (
+                str(generation),
+                self._registration,
+                intent_sha256,
+                adapter,
+                operation,
+                dispatch_id,
+                self._dispatch_timeout_ms,
+                self._retention,
+                "1" if resolvable else "0",
+                keys.job_id,
+                step,
+                worker_id,
+                keys.tenant,
+                payload_json,
+                keys.member(step),
+                by,
+            ),
+            dispatch_id,
+            run_before_ms,
+        )
         code = int(reply[0])
         if len(reply) == _REGISTERED_LAST.get(code) and reply[-1]:  # implicit registration
             note_audit(self.audit_touched, keys, str(reply[-1]))
@@ -365,27 +343,21 @@ class Store(RelayQueue, StoreReads):
         if code == 5:
             record = EffectRecord.from_flat(reply[1:])
             return Queued(record.state, record.generation)
-        if code in (10, 11):  # voided; too late to run
+        if code == 10:
             raise StoreUnavailable("this call was given up before Redis ran it; nothing was done")
         raise await self._rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
 
     async def void(
         self, keys: JobKeys, step: str, dispatch_id: str, run_before_ms: int | None = None
     ) -> str:
-        """Give up an admit (or relay claim) whose reply never came: 'voided' (it had not run and
-        never will), 'released' / 'unknown' (it had run; the step is as before it), or what
-        was there instead ('queued', 'answered', a state): nothing to undo. ``run_before_ms``:
-        the admit's bound (``StoreUnavailable.run_before_ms``); the void's mark outlives it."""
+        """Give up an admit (or relay claim) whose reply never came, its mark outliving its bound
+        ``run_before_ms``: 'voided' (it had not run and never will), 'released' / 'unknown' (it
+        had run; the step is as before it), or what was there instead: nothing to undo."""
         reply = await self._run(
             "void-4",
             keys,
             (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.needs),
-            (
-                dispatch_id,
-                self._retention,
-                keys.member(step),
-                "" if run_before_ms is None else str(run_before_ms),
-            ),
+            (dispatch_id, self._retention, keys.member(step), str(run_before_ms or "")),
         )
         if reply[1] == "unknown":
             await self.needs.hint(keys, step)

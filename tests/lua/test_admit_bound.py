@@ -79,3 +79,17 @@ def test_a_void_of_an_admit_that_ran_but_is_forgotten_marks_it_void(lua: Scripts
     assert void(lua, "d3", "") == [0, "released"]
     assert lua.run("admit-6", JOB, (keys, args), request_id="d3") == [10]
     assert lua.client.hget(JOB.effect("s"), "state") == "released"
+
+
+def test_a_relay_claim_past_its_bound_does_nothing(lua: Scripts) -> None:
+    keys, args = admit(JOB, 1, "required")
+    args = (*args[:13], '{"to":"a"}', *args[14:])  # async: queued for the relay
+    assert lua.run("admit-6", JOB, (keys, args))[0] == 4
+    claim_keys = (JOB.effect("s"), JOB.job, JOB.audit, JOB.relayq, JOB.needs)
+    claim = ["c1", "30000", RETENTION, JOB.member("s"), JOB.job_id, "s", JOB.tenant]
+    late = lua.run("relay-5", JOB, (claim_keys, (*claim, str(now_ms() - 1))), request_id="c1")
+    assert late[0] == 11
+    assert lua.client.hget(JOB.effect("s"), "state") == "pending"
+    assert lua.client.zscore(JOB.relayq, JOB.member("s")) is not None
+    ok = lua.run("relay-5", JOB, (claim_keys, (*claim, str(now_ms() + 10_000))), request_id="c1")
+    assert ok[0] == 0
