@@ -73,8 +73,9 @@ class Dispatcher:
         self._inflight: dict[asyncio.Task[EffectResult], tuple[JobKeys, str, str]] = {}
         self.relay_wakeup = asyncio.Event()
         self._relay_stopping = False
-        # admits whose reply never came and that Redis could not be told to give up yet
-        self._voids: set[tuple[JobKeys, str, str]] = set()
+        # admits whose reply never came and that Redis could not be told to give up yet:
+        # (job, step, dispatch id, the admit's "run before" (ms, Redis's clock) or None)
+        self._voids: set[tuple[JobKeys, str, str, int | None]] = set()
 
     def adapter(self, name: str, tenant: str) -> Adapter:
         """The adapter, if the tenant may use it: another tenant's adapter is answered
@@ -85,9 +86,11 @@ class Dispatcher:
             raise UnknownAdapter(f"no adapter named {name!r} is configured")
         return adapter
 
-    async def _void(self, keys: JobKeys, step: str, dispatch_id: str) -> bool:
+    async def _void(
+        self, keys: JobKeys, step: str, dispatch_id: str, run_before_ms: int | None = None
+    ) -> bool:
         try:
-            what = await self._store.void(keys, step, dispatch_id)
+            what = await self._store.void(keys, step, dispatch_id, run_before_ms)
         except StoreUnavailable:
             return False
         log.warning("admit_given_up", key=f"{keys.job_id}:{step}", found=what)

@@ -125,19 +125,21 @@ class Relaying(Dispatcher):
         id; given up in Redis if that fails too). None: no verdict, look again later."""
         dispatch_id = new_request_id()
         maybe = False  # an attempt may have run: then the claim must be given up in Redis
+        run_before: int | None = None  # the first send's bound, kept by every re-send
         for delay in (0.0, 0.05, 0.2):
             if delay:
                 await asyncio.sleep(delay)
             try:
-                return await self._store.relay_claim(keys, step, dispatch_id)
+                return await self._store.relay_claim(keys, step, dispatch_id, run_before)
             except StoreUnavailable as exc:
+                run_before = run_before or exc.run_before_ms
                 maybe = maybe or exc.maybe_applied
                 if not maybe:
                     return None
                 if exc.unacknowledged:  # it ran; its replicas lag: sending again only waits
                     break
-        if not await self._void(keys, step, dispatch_id):
-            self._voids.add((keys, step, dispatch_id))
+        if not await self._void(keys, step, dispatch_id, run_before):
+            self._voids.add((keys, step, dispatch_id, run_before))
         return None
 
     async def _relay_one(self, keys: JobKeys, step: str) -> bool:

@@ -137,16 +137,23 @@ class EffectService(Relaying):
             if not exc.maybe_applied:
                 raise
             failure = exc
-        # The admit was sent and not answered: it may have run. Once more, same request id
-        # (not when it ran and only its replicas did not acknowledge: that would only wait again).
+        # The admit was sent and not answered: it may have run. Once more, same request id and
+        # the same bound (not when it ran and only its replicas did not acknowledge: that would
+        # only wait again). No copy of it runs after that bound (admit-6 ARGV[17]).
+        run_before = failure.run_before_ms
         if not failure.unacknowledged:
             await asyncio.sleep(0.05)
             try:
                 return await self._store.admit(
-                    keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs
+                    keys,
+                    step,
+                    payload_json=payload_json,
+                    dispatch_id=dispatch_id,
+                    run_before_ms=run_before,
+                    **kwargs,
                 )
-            except StoreUnavailable:
-                pass  # the first one may still have run
+            except StoreUnavailable as again:  # the first one may still have run
+                run_before = max(run_before or 0, again.run_before_ms or 0) or None
         if payload_json:
             raise StoreUnavailable(
                 "Redis did not answer the admit: the call may have been queued for the relay. "
@@ -155,7 +162,7 @@ class EffectService(Relaying):
             ) from failure
         # given up: if the admit ran, it holds the step for a dispatch that never starts;
         # the relay loop voids it in Redis as soon as Redis answers again
-        self._voids.add((keys, step, dispatch_id))
+        self._voids.add((keys, step, dispatch_id, run_before))
         self.relay_wakeup.set()
         raise StoreUnavailable(
             "Redis did not answer the admit; nothing was sent for this call. If the admit ran, "

@@ -41,9 +41,9 @@ from gateway.store.scripts import (
     MARKER_MISSING,
     SCRIPT_NAMES,
     UNINITIALISED,
-    _lua_source,
     _oom,
     _unavailable,
+    lua_source,
 )
 
 T = TypeVar("T")
@@ -71,6 +71,10 @@ class StoreBase:
     ) -> None:
         self._client = client
         self._request_ttl = str(int(request_memory_seconds * 1000))
+        self._request_ttl_ms = int(request_memory_seconds * 1000)
+        # Redis's clock minus this host's (ms): learnt at boot (TIME) and from a {11} reply;
+        # only the bounds of admits and claims use it (_run_bounded)
+        self._clock_offset_ms = 0
         self._audit_key = audit_key
         # Jobs whose audit chain got an entry in a reply seen here, with the newest such
         # entry's id: the anchorer's to-do (gateway.store.anchors).
@@ -94,7 +98,7 @@ class StoreBase:
         self._retention = str(retention_seconds)
         self._retention_ms = retention_seconds * 1000
         self._state_file = state_file
-        self._sources = {name: _lua_source(name) for name in SCRIPT_NAMES}
+        self._sources = {name: lua_source(name) for name in SCRIPT_NAMES}
         self._shas = {
             name: hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
             for name, src in self._sources.items()
@@ -152,6 +156,21 @@ class StoreBase:
                     raise RuntimeError("script SHA mismatch")
 
         await self._guard(load)
+        await self._guard(self.learn_clock)
+
+    async def learn_clock(self) -> None:
+        """Learn Redis's clock (``TIME``) relative to this host's, for :meth:`redis_clock_ms`."""
+        before = time.time()
+        seconds, micros = await self._client.time()
+        self.clock_at(seconds * 1000 + micros // 1000, (before + time.time()) / 2)
+
+    def clock_at(self, redis_ms: int, local: float | None = None) -> None:
+        """Redis's clock read ``redis_ms`` at this host's ``local`` (``time.time()``; now)."""
+        self._clock_offset_ms = redis_ms - int((time.time() if local is None else local) * 1000)
+
+    def redis_clock_ms(self) -> int:
+        """Redis's clock now, as far as this process knows it (this host's plus the offset)."""
+        return int(time.time() * 1000) + self._clock_offset_ms
 
     async def _run(
         self,
@@ -200,6 +219,31 @@ class StoreBase:
             raise StoreUnavailable(self.marker_missing_detail)
         del reply[0]
         return reply
+
+    async def _run_bounded(
+        self, name: str, job: JobKeys, keys: Sequence[str], args: Sequence[str],
+        request_id: str, run_before_ms: int | None,
+    ) -> list[Any]:  # fmt: skip
+        """:meth:`_run` with a "run before" as the last argument (admit-6, relay-5: arriving
+        later, the script does nothing: {11}); None: Redis's clock as estimated here plus the
+        request memory. A lost reply raises ``StoreUnavailable`` carrying the bound (a void
+        outlives it). A {11} that came back means the estimate was behind: learnt, and once
+        more with a fresh bound (unless the caller's: a re-send keeps the first send's)."""
+        fresh = run_before_ms is None
+        for _ in range(2):
+            if fresh:
+                run_before_ms = self.redis_clock_ms() + self._request_ttl_ms
+            try:
+                reply = await self._run(name, job, keys, (*args, str(run_before_ms)), request_id)
+            except StoreUnavailable as exc:
+                exc.run_before_ms = run_before_ms
+                raise
+            if int(reply[0]) != 11:
+                return reply
+            self.clock_at(int(reply[1]))
+            if not fresh:
+                break
+        raise StoreUnavailable("this call reached Redis too late to run; nothing was done")
 
     # -- durability marker ---------------------------------------------------
 

@@ -102,12 +102,18 @@ class RelayQueue(StoreBase):
         return found
 
     async def relay_claim(
-        self, keys: JobKeys, step: str, dispatch_id: str | None = None
+        self,
+        keys: JobKeys,
+        step: str,
+        dispatch_id: str | None = None,
+        run_before_ms: int | None = None,
     ) -> RelayClaim | int | str:
         """Claim a queued step: the claim; a deadline (ms) to look again at; or why there is
-        nothing to send (the step has left the queue)."""
+        nothing to send (the step has left the queue). ``run_before_ms``: as for
+        :meth:`Store.admit` (a re-send passes the first send's bound; a send whose reply did
+        not come raises ``StoreUnavailable`` carrying it, for the void)."""
         dispatch_id = dispatch_id or scripts._dispatch_id()
-        reply = await self._run(
+        reply = await self._run_bounded(
             "relay-5",
             keys,
             (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
@@ -120,7 +126,8 @@ class RelayQueue(StoreBase):
                 step,
                 keys.tenant,
             ),
-            request_id=dispatch_id,
+            dispatch_id,
+            run_before_ms,
         )
         code = int(reply[0])
         if code == 0:

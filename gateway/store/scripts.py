@@ -1,11 +1,13 @@
-"""The scripts' plumbing: their sources (prelude + body), request and dispatch ids, what a Redis
-failure means, and the client every store method goes through."""
+"""The scripts' plumbing: their sources (prelude + includes + body), request and dispatch ids,
+what a Redis failure means, and the client every store method goes through."""
 
 from __future__ import annotations
 
 import itertools
+import re
 import secrets
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -54,13 +56,47 @@ _UNAVAILABLE_PREFIXES = (
 _CLUSTER_REFUSALS = (ClusterDownError, TryAgainError, AskError, ClusterError)
 
 
-def _lua_source(name: str) -> str:
-    """The prelude (the trailer, re-send memory, the slot counter, the audit chain), then the
-    script's body as a function the prelude runs."""
-    lua = resources.files("gateway.store") / "lua"
+_INCLUDE = re.compile(r'^--- @include "includes/([a-z][a-z0-9_-]*)"\s*$', re.M)
+
+
+class ScriptSourceError(ValueError):
+    """A script's source cannot be assembled: an unknown include, an include cycle."""
+
+
+def lua_source(name: str, lua: Traversable | None = None) -> str:
+    """The prelude (the trailer, re-send memory, the slot counter, the audit chain), the
+    script's includes, then its body as a function the prelude runs.
+
+    A line ``--- @include "includes/<name>"`` (in a body or in an include) pulls in
+    ``lua/includes/<name>.lua``: every include the script needs, each once, placed after the
+    prelude and before whatever includes it (an include's definitions are chunk-level
+    locals, seen by everything after them). An unknown include or a cycle raises
+    :class:`ScriptSourceError`: the store assembles every source when it is built, so such a
+    script fails the boot."""
+    lua = lua or resources.files("gateway.store") / "lua"
     prelude = (lua / "_prelude.lua").read_text(encoding="utf-8")
     body = (lua / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{prelude}\nreturn run_script(function()\n{body}\nend)\n"
+    included: list[str] = []
+    placed: set[str] = set()
+
+    def pull(text: str, chain: tuple[str, ...]) -> None:
+        for wanted in _INCLUDE.findall(text):
+            if wanted in chain:
+                cycle = " -> ".join((*chain, wanted))
+                raise ScriptSourceError(f"{name}: include cycle {cycle}")
+            if wanted in placed:
+                continue
+            path = lua / "includes" / f"{wanted}.lua"
+            if not path.is_file():
+                raise ScriptSourceError(f"{name}: unknown include {wanted!r} (no {path})")
+            source = path.read_text(encoding="utf-8")
+            pull(source, (*chain, wanted))
+            placed.add(wanted)
+            included.append(f"-- includes/{wanted}\n{source}")
+
+    pull(body, ())
+    head = "\n".join((prelude, *included))
+    return f"{head}\nreturn run_script(function()\n{body}\nend)\n"
 
 
 _REDIS_FAILURES = (

@@ -1,17 +1,15 @@
 """The only module that talks to Redis: runs the Lua scripts and turns their replies into verdicts.
 
-Every decision (register, admit, record, heartbeat, cancel, reject, resolve,
-relay claim) is one script, one round trip. Each method below turns its
-script's reply into a typed verdict (:mod:`gateway.core.records`); every rejection
-becomes its typed error in one place, :meth:`Store._rejected`. The durability
-checks around the store (markers, epochs, the audit chain) are in
-:mod:`gateway.store.durability`.
+Every decision (register, admit, record, heartbeat, cancel, reject, resolve, relay claim) is
+one script, one round trip. Each method below turns its script's reply into a typed verdict
+(:mod:`gateway.core.records`); every rejection becomes its typed error in one place,
+:meth:`Store._rejected`. The durability checks around the store (markers, epochs, the audit
+chain) are in :mod:`gateway.store.durability`.
 
-Durability (docs/operations.md): every deciding script first checks the durability marker
-of its job's slot (written for all 16384 slots by ``fencegate init``, see
-:mod:`gateway.store.keys`). A Redis that restarted empty, was flushed, or lost a slot
-answers ``{8}`` and the call fails closed with
-:class:`~gateway.core.errors.StoreUnavailable` — atomically, in the same round trip
+Durability (docs/operations.md): every deciding script first checks the durability marker of
+its job's slot (written for all 16384 slots by ``fencegate init``, see :mod:`gateway.store.keys`).
+A Redis that restarted empty, was flushed, or lost a slot answers ``{8}`` and the call fails
+closed with :class:`~gateway.core.errors.StoreUnavailable` — atomically, in the same round trip
 as the decision — until an operator runs ``fencegate init --confirm-data-loss``.
 """
 
@@ -289,14 +287,16 @@ class Store(RelayQueue, StoreReads):
         payload_json: str = "",
         dispatch_id: str | None = None,
         by: str = "",
+        run_before_ms: int | None = None,
     ) -> AdmitVerdict:
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
 
         ``dispatch_id`` is also the call's request id: sent again with the same one (its
-        reply was lost), the admit answers what it answered the first time.
+        reply was lost), the admit answers what it answered the first time; ``run_before_ms``
+        too (the first send's bound, see ``_run_bounded``: a copy arriving later does nothing).
         """
         dispatch_id = dispatch_id or scripts._dispatch_id()
-        reply = await self._run(
+        reply = await self._run_bounded(
             "admit-6",
             keys,
             (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
@@ -318,7 +318,8 @@ class Store(RelayQueue, StoreReads):
                 keys.member(step),
                 by,
             ),
-            request_id=dispatch_id,
+            dispatch_id,
+            run_before_ms,
         )
         code = int(reply[0])
         if len(reply) == _REGISTERED_LAST.get(code) and reply[-1]:  # implicit registration
@@ -346,15 +347,17 @@ class Store(RelayQueue, StoreReads):
             raise StoreUnavailable("this call was given up before Redis ran it; nothing was done")
         raise await self._rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
 
-    async def void(self, keys: JobKeys, step: str, dispatch_id: str) -> str:
-        """Give up an admit (or relay claim) whose reply never came: 'voided' (it had not run and
-        never will), 'released' / 'unknown' (it had run; the step is as before it), or what
-        was there instead ('queued', 'answered', a state): nothing to undo."""
+    async def void(
+        self, keys: JobKeys, step: str, dispatch_id: str, run_before_ms: int | None = None
+    ) -> str:
+        """Give up an admit (or relay claim) whose reply never came, its mark outliving its bound
+        ``run_before_ms``: 'voided' (it had not run and never will), 'released' / 'unknown' (it
+        had run; the step is as before it), or what was there instead: nothing to undo."""
         reply = await self._run(
             "void-4",
             keys,
             (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.needs),
-            (dispatch_id, self._retention, keys.member(step)),
+            (dispatch_id, self._retention, keys.member(step), str(run_before_ms or "")),
         )
         if reply[1] == "unknown":
             await self.needs.hint(keys, step)

@@ -192,7 +192,7 @@ def script_shas() -> dict[str, bytes]:
 
     out: dict[str, bytes] = {}
     for name in store.SCRIPT_NAMES:
-        src = store._lua_source(name)
+        src = store.lua_source(name)
         sha = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
         out[name.rsplit("-", 1)[0]] = sha.encode()
     return out

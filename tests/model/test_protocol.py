@@ -46,7 +46,9 @@ TAKEOVER = HOLES[0]  # A: generation 1 async; B: generation 2 sync; the downstre
 
 @pytest.mark.timeout(600)
 def test_mutation_admit_without_its_stale_check() -> None:
-    line = "if gen < fence then return reject('stale_generation') end"
+    """The stale check lives in the fence guard (includes/fence); admit-6's source has its own
+    copy of the include, so the mutation removes it from the admit only."""
+    line = "if gen < g.fence then return g.reject('stale_generation') end"
     (rep,) = explore([ZOMBIE], mutate=[("admit-6", line, "")])
     assert found(rep, "I-stale", "below the fence: admit"), render([rep])
 

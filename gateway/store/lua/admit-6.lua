@@ -23,6 +23,9 @@
              respond-async): the intent is recorded 'pending' and queued for a relay
     ARGV[15] the relay queue member of this step (JSON [tenant, job, step])
     ARGV[16] who calls (the key's name, else its role): recorded with an implicit registration
+    ARGV[17] run before, ms on Redis's clock ('' for no bound): arriving later, the admit does
+             nothing ({11}); the gateway gives an admit up only after this, and its void
+             marker lives until this at least (void-4)
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
@@ -36,6 +39,7 @@
     {5, field, value, ...}   async repeat: the relay has the step already (pending or dispatching)
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
     {10}                     voided: the gateway gave this request up before it ran
+    {11, now_ms}             too late: it arrived after ARGV[17]; nothing was done
 
   A completed job (field 'completed' of the job hash, see complete-3.lua) takes no new
   dispatch from any generation: a call that would pin, queue or claim the step is
@@ -47,53 +51,40 @@
   its own intent. The stored async payload always belongs to the pinned intent
   (payload_sha); a synchronous pin drops it and the queue entry.
 
+  The fence guard (includes/fence): cancelled, stale; then above the fence a completed job
+  is rejected, an unregistered generation too (mode 'required'), or the fence is raised
+  (mode 'implicit'); at the fence, an expired lease is rejected.
+
   Implicit registration mode raises the fence to a higher generation presented: that is a
   registration, recorded in the job's audit chain ('event' = 'registered', by ARGV[16]);
   registered_audit_id names it ('' when nothing was registered; the replies carrying the
   effect record leave it out, the job's next audit entry anchors it).
   Every state change of the step updates the slot's "needs a decision" index (index()).
 ]]
+--- @include "includes/fence"
 local gen = tonumber(ARGV[1])
 local now = now_ms()
-local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
-local fence = tonumber(job[1]) or 0
+-- sent too late to run (ARGV[17]): the gateway may have given it up, and its void marker
+-- is only guaranteed to live until then; nothing is done, nothing remembered
+local run_before = tonumber(ARGV[17] or '')
+if run_before and now > run_before then return {11, fmt(now)} end
 local member = ARGV[15]
-local raised = false  -- implicit mode raised the fence: a read-only answer is a write too
-local registered = ''  -- the audit entry of that registration
+local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[8], now = now,
+  tenant = ARGV[13], job_id = ARGV[10], step = ARGV[11], presented = ARGV[1],
+  worker_id = ARGV[12], adapter = ARGV[4], mode = ARGV[2], by = ARGV[16] or ''},
+  {'cancelled', 'stale'})
+if g.reply then return g.reply end
+local fence = g.fence
+local raised = g.raised  -- implicit mode raised the fence: a read-only answer is a write too
+local registered = g.registered  -- the audit entry of that registration
+local reject = g.reject
+-- read only on the paths that would dispatch (or raise the fence): not on a replay
+local completed = g.completed
 
 -- an answer that changed nothing, unless the fence was raised on the way
 local function answer(reply)
   if raised then return done(reply) end
   return reply
-end
-
-local function reject(reason, pinned)
-  local id = audit(KEYS[3], KEYS[1], ARGV[8], now, {
-    'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', reason,
-    'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[12], 'adapter', ARGV[4]})
-  return done({9, reason, ARGV[1], fmt(fence), id, pinned or ''})
-end
-
-if job[2] == '1' then return reject('job_cancelled') end
-if gen < fence then return reject('stale_generation') end
--- read only on the paths that would dispatch (or raise the fence): not on a replay
-local function completed()
-  return redis.call('HEXISTS', KEYS[1], 'completed') == 1
-end
-if gen > fence then
-  if completed() then return reject('job_completed') end
-  if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
-  -- implicit mode: classic highest-seen fencing; a new generation has no lease
-  redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
-  redis.call('PERSIST', KEYS[1])  -- a fence never expires
-  registered = audit(KEYS[3], KEYS[1], ARGV[8], now, {
-    'tenant', ARGV[13], 'job_id', ARGV[10], 'event', 'registered', 'generation', ARGV[1],
-    'previous', fmt(fence), 'by', ARGV[16], 'mode', 'implicit', 'worker_id', ARGV[12]})
-  fence = gen
-  raised = true
-else
-  local lease_exp = tonumber(job[3]) or 0
-  if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end
 end
 
 local fx = redis.call('HMGET', KEYS[2], 'state', 'intent_sha256', 'deadline', 'dispatch_id',

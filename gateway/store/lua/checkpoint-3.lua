@@ -25,39 +25,21 @@
       (job_cancelled, stale_generation, unregistered_generation, lease_expired,
        job_completed)
 
-  The audit entry names the step 'checkpoint:<name>' (':' is never in a step name).
+  The fence guard (includes/fence), in order: cancelled, stale, completed, then above the
+  fence unregistered (mode 'required') or the raise (mode 'implicit', no lease), at the fence
+  the lease. The audit entry names the step 'checkpoint:<name>' (':' is never in a step name).
 ]]
+--- @include "includes/fence"
 local gen = tonumber(ARGV[1])
 local now = now_ms()
-local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
-local fence = tonumber(job[1]) or 0
-
-local function reject(reason)
-  local id = audit(KEYS[3], KEYS[1], ARGV[9], now, {
-    'tenant', ARGV[8], 'job_id', ARGV[7], 'step', 'checkpoint:' .. ARGV[3], 'reason', reason,
-    'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[6], 'adapter', ''})
-  return done({9, reason, ARGV[1], fmt(fence), id, ''})
-end
-
-if job[2] == '1' then return reject('job_cancelled') end
-if gen < fence then return reject('stale_generation') end
 -- a completed job keeps its state as it was when it completed, whoever asks
-if redis.call('HEXISTS', KEYS[1], 'completed') == 1 then return reject('job_completed') end
-if gen > fence then
-  if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
-  -- implicit mode: classic highest-seen fencing; a new generation has no lease
-  redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
-  redis.call('PERSIST', KEYS[1])  -- a fence never expires
-  audit(KEYS[3], KEYS[1], ARGV[9], now, {
-    'tenant', ARGV[8], 'job_id', ARGV[7], 'event', 'registered', 'generation', ARGV[1],
-    'previous', fmt(fence), 'by', ARGV[10] or '', 'mode', 'implicit', 'worker_id', ARGV[6]})
-  fence = gen
-else
-  local lease_exp = tonumber(job[3]) or 0
-  if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end
-end
+local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[9], now = now,
+  tenant = ARGV[8], job_id = ARGV[7], step = 'checkpoint:' .. ARGV[3], presented = ARGV[1],
+  worker_id = ARGV[6], adapter = '', mode = ARGV[2], by = ARGV[10] or ''},
+  {'cancelled', 'stale', 'completed'})
+if g.reply then return g.reply end
 
 redis.call('HSET', KEYS[2], ARGV[3], '{"generation":' .. fmt(gen) .. ',"value":' .. ARGV[4] ..
   ',"worker":' .. ARGV[5] .. ',"at_ms":' .. fmt(now) .. '}')
 redis.call('EXPIRE', KEYS[2], ARGV[9])
-return done({0, fmt(fence), fmt(now)})
+return done({0, fmt(g.fence), fmt(now)})

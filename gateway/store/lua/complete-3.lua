@@ -31,45 +31,25 @@
       (job_cancelled, stale_generation, unregistered_generation, lease_expired,
        job_completed: completed already, by this generation with another body)
 
-  The audit entry names the step 'job:complete' (':' is never in a step name).
+  The fence guard (includes/fence), in order: cancelled, stale, completed (the same
+  generation and body replay), then above the fence unregistered (mode 'required') or the
+  raise (mode 'implicit', no lease), at the fence the lease. The audit entry names the step 'job:complete' (':' is never in a step name).
 ]]
-local gen = tonumber(ARGV[1])
+--- @include "includes/fence"
 local now = now_ms()
-local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp', 'completed')
-local fence = tonumber(job[1]) or 0
-local raised = false
-
-local function reject(reason)
-  local id = audit(KEYS[3], KEYS[1], ARGV[9], now, {
-    'tenant', ARGV[8], 'job_id', ARGV[7], 'step', 'job:complete', 'reason', reason,
-    'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[6], 'adapter', ''})
-  return done({9, reason, ARGV[1], fmt(fence), id, ''})
-end
-
-if job[2] == '1' then return reject('job_cancelled') end
-if gen < fence then return reject('stale_generation') end
-local completed = job[4]
-if completed then
-  -- nothing raises the fence after a completion: the completing generation is the fence
+-- nothing raises the fence after a completion: the completing generation is the fence
+local function replay()
+  local completed = redis.call('HGET', KEYS[1], 'completed')
   local by = string.match(completed, '^{"generation":(%d+),')
   local sha = string.match(completed, ',"body_sha":"(%x+)"}$')
   if by == ARGV[1] and sha == ARGV[3] then return {1, completed} end
-  return reject('job_completed')
+  return nil  -- completed by another generation, or with another body: job_completed
 end
-if gen > fence then
-  if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
-  -- implicit mode: classic highest-seen fencing; a new generation has no lease
-  redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
-  redis.call('PERSIST', KEYS[1])  -- a fence never expires
-  audit(KEYS[3], KEYS[1], ARGV[9], now, {
-    'tenant', ARGV[8], 'job_id', ARGV[7], 'event', 'registered', 'generation', ARGV[1],
-    'previous', fmt(fence), 'by', ARGV[10] or '', 'mode', 'implicit', 'worker_id', ARGV[6]})
-  fence = gen
-  raised = true
-else
-  local lease_exp = tonumber(job[3]) or 0
-  if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end
-end
+local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[9], now = now,
+  tenant = ARGV[8], job_id = ARGV[7], step = 'job:complete', presented = ARGV[1],
+  worker_id = ARGV[6], adapter = '', mode = ARGV[2], by = ARGV[10] or ''},
+  {'cancelled', 'stale', 'completed'}, replay)
+if g.reply then return g.reply end
 
 local names = cjson.decode(ARGV[5])
 local missing = {}
@@ -93,11 +73,11 @@ for i = 1, #names do
 end
 if #missing > 0 then
   local reply = {7, cjson.encode(missing)}
-  if raised then return done(reply) end
+  if g.raised then return done(reply) end
   return reply
 end
 
-completed = '{"generation":' .. ARGV[1] .. ',"at_ms":' .. fmt(now) .. ',"result":' .. ARGV[4] ..
+local completed = '{"generation":' .. ARGV[1] .. ',"at_ms":' .. fmt(now) .. ',"result":' .. ARGV[4] ..
   ',"outputs":{' .. table.concat(promoted, ',') .. '},"body_sha":"' .. ARGV[3] .. '"}'
 redis.call('HSET', KEYS[1], 'completed', completed)
 redis.call('PERSIST', KEYS[1])  -- a completion never expires

@@ -10,6 +10,10 @@
     ARGV[6] retention, seconds
     ARGV[7] who calls (the key's name, else its role): recorded with an implicit registration
 
+  The fence guard (includes/fence), in order: cancelled, stale, completed, then above the
+  fence unregistered (mode 'required') or the raise (mode 'implicit': the fence is the
+  presented generation, with no lease), at the fence the lease.
+
   Output:
     {0, fence, lease_exp_ms, registered_audit_id}   current; lease extended by its lease_ms
                                ('0': no lease). Implicit mode raising the fence is a
@@ -19,37 +23,20 @@
       (job_cancelled, stale_generation, job_completed, unregistered_generation,
        lease_expired)
 ]]
-local gen = tonumber(ARGV[1])
+--- @include "includes/fence"
 local now = now_ms()
-local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp', 'lease_ms')
-local fence = tonumber(job[1]) or 0
-
-local function reject(reason)
-  local id = audit(KEYS[2], KEYS[1], ARGV[6], now, {
-    'tenant', ARGV[5], 'job_id', ARGV[3], 'step', '', 'reason', reason,
-    'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[4], 'adapter', ''})
-  return done({9, reason, ARGV[1], fmt(fence), id, ''})
-end
-
-if job[2] == '1' then return reject('job_cancelled') end
-if gen < fence then return reject('stale_generation') end
 -- a completed job needs no lease: the worker is told to stop, like a stale one
-if redis.call('HEXISTS', KEYS[1], 'completed') == 1 then return reject('job_completed') end
-if gen > fence then
-  if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
-  redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0', 'lease_ms', '')
-  redis.call('PERSIST', KEYS[1])  -- a fence never expires
-  local id = audit(KEYS[2], KEYS[1], ARGV[6], now, {
-    'tenant', ARGV[5], 'job_id', ARGV[3], 'event', 'registered', 'generation', ARGV[1],
-    'previous', fmt(fence), 'by', ARGV[7], 'mode', 'implicit', 'worker_id', ARGV[4]})
-  return done({0, ARGV[1], '0', id})
-end
-local lease_exp = tonumber(job[3]) or 0
-if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end
-local lease_ms = tonumber(job[4] or '')
+local g = fence_guard({job = KEYS[1], stream = KEYS[2], retention = ARGV[6], now = now,
+  tenant = ARGV[5], job_id = ARGV[3], step = '', presented = ARGV[1], worker_id = ARGV[4],
+  adapter = '', mode = ARGV[2], by = ARGV[7] or ''},
+  {'cancelled', 'stale', 'completed'})
+if g.reply then return g.reply end
+-- raised just now: a new generation has no lease until it registers one
+if g.raised then return done({0, fmt(g.fence), '0', g.registered}) end
+local lease_ms = tonumber(redis.call('HGET', KEYS[1], 'lease_ms') or '')
 if lease_ms then
-  lease_exp = now + lease_ms
+  local lease_exp = now + lease_ms
   redis.call('HSET', KEYS[1], 'lease_exp', fmt(lease_exp))
-  return done({0, fmt(fence), fmt(lease_exp)})
+  return done({0, fmt(g.fence), fmt(lease_exp)})
 end
-return {0, fmt(fence), fmt(lease_exp)}
+return {0, fmt(g.fence), fmt(g.lease_exp)}

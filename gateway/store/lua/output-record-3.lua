@@ -21,6 +21,7 @@
   The lease is not checked: the stage checked it, and a lease that ran out without a
   new generation leaves the fence where it was.
 ]]
+--- @include "includes/reject"
 local field = ARGV[1] .. '/' .. ARGV[2]
 local prior = redis.call('HGET', KEYS[2], field)
 if not prior then return {1, ''} end
@@ -38,13 +39,10 @@ local gen = tonumber(ARGV[1])
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled')
 local fence = tonumber(job[1]) or 0
-
-local function reject(reason)
-  local id = audit(KEYS[3], KEYS[1], ARGV[11], now, {
-    'tenant', ARGV[9], 'job_id', ARGV[8], 'step', 'output:' .. ARGV[2], 'reason', reason,
-    'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[10], 'adapter', ''})
-  return done({9, reason, ARGV[1], fmt(fence), id, ''})
-end
+local call = {job = KEYS[1], stream = KEYS[3], retention = ARGV[11], now = now,
+  tenant = ARGV[9], job_id = ARGV[8], step = 'output:' .. ARGV[2], presented = ARGV[1],
+  worker_id = ARGV[10], adapter = ''}
+local function reject(reason) return reject_call(call, reason, fence) end
 
 if job[2] == '1' then return reject('job_cancelled') end
 if redis.call('HEXISTS', KEYS[1], 'completed') == 1 then return reject('job_completed') end

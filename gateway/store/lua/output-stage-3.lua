@@ -24,40 +24,18 @@
                                                 through the gateway is still running
     {9, reason, presented, current, audit_id, ''}   rejected and audited
 
-  Checks, in order: cancelled, completed (any generation), the fence (stale: audited with
-  both generations), the lease. A recorded output of the same generation may be staged
+  Checks (the fence guard, includes/fence), in order: cancelled, completed (any generation),
+  stale (audited with both generations), then above the fence unregistered (mode
+  'required') or the raise (mode 'implicit', no lease), at the fence the lease. A recorded output of the same generation may be staged
   again (a retry overwrites its own object; after completion nothing is staged at all).
 ]]
-local gen = tonumber(ARGV[1])
+--- @include "includes/fence"
 local now = now_ms()
-local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
-local completed = redis.call('HEXISTS', KEYS[1], 'completed') == 1
-local fence = tonumber(job[1]) or 0
-local raised = false
-
-local function reject(reason)
-  local id = audit(KEYS[3], KEYS[1], ARGV[11], now, {
-    'tenant', ARGV[9], 'job_id', ARGV[8], 'step', 'output:' .. ARGV[3], 'reason', reason,
-    'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[10], 'adapter', ''})
-  return done({9, reason, ARGV[1], fmt(fence), id, ''})
-end
-
-if job[2] == '1' then return reject('job_cancelled') end
-if completed then return reject('job_completed') end
-if gen < fence then return reject('stale_generation') end
-if gen > fence then
-  if ARGV[2] ~= 'implicit' then return reject('unregistered_generation') end
-  redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'lease_exp', '0')
-  redis.call('PERSIST', KEYS[1])  -- a fence never expires
-  audit(KEYS[3], KEYS[1], ARGV[11], now, {
-    'tenant', ARGV[9], 'job_id', ARGV[8], 'event', 'registered', 'generation', ARGV[1],
-    'previous', fmt(fence), 'by', ARGV[13] or '', 'mode', 'implicit', 'worker_id', ARGV[10]})
-  fence = gen
-  raised = true
-else
-  local lease_exp = tonumber(job[3]) or 0
-  if lease_exp > 0 and now >= lease_exp then return reject('lease_expired') end
-end
+local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[11], now = now,
+  tenant = ARGV[9], job_id = ARGV[8], step = 'output:' .. ARGV[3], presented = ARGV[1],
+  worker_id = ARGV[10], adapter = '', mode = ARGV[2], by = ARGV[13] or ''},
+  {'cancelled', 'completed', 'stale'})
+if g.reply then return g.reply end
 
 local field = ARGV[1] .. '/' .. ARGV[3]
 local prior = redis.call('HGET', KEYS[2], field)
@@ -67,7 +45,7 @@ if prior then
   -- would race on the same key, and the record could describe the other one's bytes
   if p.state == 'staged' and not p.presigned and (tonumber(p.deadline) or 0) > now then
     local reply = {2, fmt(p.deadline - now)}
-    if raised then return done(reply) end
+    if g.raised then return done(reply) end
     return reply
   end
 end
@@ -79,4 +57,4 @@ local entry = {
   deadline = deadline, etag = '', worker_id = ARGV[10],
 }
 redis.call('HSET', KEYS[2], field, cjson.encode(entry))
-return done({0, fmt(fence), fmt(deadline)})
+return done({0, fmt(g.fence), fmt(deadline)})

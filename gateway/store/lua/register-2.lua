@@ -18,17 +18,16 @@
     {9, reason, presented, current, audit_id, ''}   rejected and audited
       (job_cancelled, job_completed, generation_exhausted, generation_regression)
 ]]
+--- @include "includes/reject"
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')
 local fence = tonumber(job[1]) or 0
 local presented = ARGV[1]
 
-local function reject(reason)
-  local id = audit(KEYS[2], KEYS[1], ARGV[5], now, {
-    'tenant', ARGV[4], 'job_id', ARGV[3], 'step', '', 'reason', reason,
-    'presented', presented, 'current', fmt(fence), 'worker_id', '', 'adapter', ''})
-  return done({9, reason, presented, fmt(fence), id, ''})
-end
+local call = {job = KEYS[1], stream = KEYS[2], retention = ARGV[5], now = now,
+  tenant = ARGV[4], job_id = ARGV[3], step = '', presented = presented, worker_id = '',
+  adapter = ''}
+local function reject(reason) return reject_call(call, reason, fence) end
 
 if job[2] == '1' then return reject('job_cancelled') end
 -- a completed job is over: no generation, not even the current one again

@@ -12,9 +12,9 @@
   Output:
     {9, reason, presented, current, audit_id, ''}
 ]]
+--- @include "includes/reject"
 local now = now_ms()
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
-local id = audit(KEYS[2], KEYS[1], ARGV[8], now, {
-  'tenant', ARGV[7], 'job_id', ARGV[3], 'step', ARGV[4], 'reason', ARGV[1],
-  'presented', ARGV[2], 'current', fmt(fence), 'worker_id', ARGV[5], 'adapter', ARGV[6]})
-return done({9, ARGV[1], ARGV[2], fmt(fence), id, ''})
+return reject_call({job = KEYS[1], stream = KEYS[2], retention = ARGV[8], now = now,
+  tenant = ARGV[7], job_id = ARGV[3], step = ARGV[4], presented = ARGV[2],
+  worker_id = ARGV[5], adapter = ARGV[6]}, ARGV[1], fence)

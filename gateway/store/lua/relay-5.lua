@@ -11,6 +11,8 @@
     ARGV[1] dispatch id (= this call's request id)   ARGV[2] dispatch timeout, ms
     ARGV[3] retention, seconds   ARGV[4] queue member (JSON [tenant, job, step])
     ARGV[5] job id   ARGV[6] step   ARGV[7] tenant
+    ARGV[8] run before, ms on Redis's clock ('' for no bound): arriving later, the claim does
+            nothing ({11}); a void of it (void-4) outlives this bound
 
   Output:
     {0, dispatch_id, generation, adapter, operation, payload, deadline_ms}   claimed
@@ -19,6 +21,7 @@
                        resolved, re-pinned), 'unqueued', 'cancelled', 'superseded' (below
                        the fence: released, audited), 'lease_expired' (released, audited),
                        'unbound' (the payload is not the pinned intent's: released)
+    {11, now_ms}       too late: it arrived after ARGV[8]; nothing was done
 
   The claim re-checks, atomically, what the admit checked: the job is not cancelled,
   the step's generation is the fence, its lease has not run out, and the stored
@@ -26,6 +29,8 @@
   Every state change of the step updates the slot's "needs a decision" index (index()).
 ]]
 local now = now_ms()
+local run_before = tonumber(ARGV[8] or '')
+if run_before and now > run_before then return {11, fmt(now)} end
 local member = ARGV[4]
 if not redis.call('ZSCORE', KEYS[4], member) then return {3, 'unqueued', ''} end
 local fx = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'generation', 'adapter',

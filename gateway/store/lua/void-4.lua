@@ -9,6 +9,7 @@
     KEYS[4] "needs a decision" index of this slot  fg:nd:{<s>}
     ARGV[1] the admit's dispatch id (its request id)   ARGV[2] retention, seconds
     ARGV[3] queue member (JSON [tenant, job, step])
+    ARGV[4] the admit's "run before" (admit-6 ARGV[17]), ms on Redis's clock ('' if none)
 
   Output:
     {0, 'voided'}    the admit had not run: it never will (it finds {10} remembered)
@@ -18,6 +19,11 @@
     {1, what}        nothing to undo: the admit did not take the step ('answered'),
                      or queued it for the relay ('queued'), or the step moved on
 
+  The admit's request key holds its void mark ({10}), or its remembered reply, at least until
+  its "run before" (and the request memory from now): a copy of the admit still on the wire
+  finds it, and after the bound the admit refuses to run by itself ({11}), so no copy of a
+  voided admit ever runs as a fresh one.
+
   A step it makes unknown or released is updated in the slot's "needs a decision" index.
 ]]
 local prior = redis.call('GET', KEYS[3])
@@ -25,9 +31,14 @@ local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'resolving')
 -- the dispatch id is unique: a step held under it means the admit (or claim) ran, even when
 -- its remembered reply has expired (Redis was away longer than the request memory)
 local holds = fx[1] == ARGV[1] and fx[2] == 'dispatching'
-if not prior and not holds then
-  redis.call('SET', KEYS[3], cjson.encode({10}), 'PX', REQ_TTL)
-  return done({0, 'voided'})
+local keep = tonumber(REQ_TTL)
+local run_before = tonumber(ARGV[4] or '')
+if run_before then keep = math.max(keep, run_before - now_ms() + 1) end
+if not prior then
+  redis.call('SET', KEYS[3], cjson.encode({10}), 'PX', fmt(keep))
+  if not holds then return done({0, 'voided'}) end
+elseif redis.call('PTTL', KEYS[3]) < keep then
+  redis.call('PEXPIRE', KEYS[3], fmt(keep))
 end
 if prior then
   local verdict = cjson.decode(prior)

@@ -1,0 +1,92 @@
+--- @include "includes/reject"
+--[[
+  The fence guard of every fenced call (admit-6, checkpoint-3, complete-3, output-stage-3,
+  heartbeat-2): the same checks, the same implicit raise, the same audited rejection.
+
+    local g = fence_guard(call, order, on_completed)
+    if g.reply then return g.reply end
+
+  call: the call's identity (see includes/reject), plus
+    mode  'required' | 'implicit' (fencing.registration)
+    by    who calls (the key's name, else its role): recorded with an implicit raise
+  order: the checks made first, in the order the script documents, from
+    'cancelled'  the job was cancelled                         -> job_cancelled
+    'stale'      the generation presented is below the fence   -> stale_generation
+    'completed'  the job completed (any generation)            -> on_completed() when it
+                 gives a reply (complete-3's replay), else job_completed
+  Every fenced script lists 'cancelled' and 'stale'; only 'completed' moves or is left out
+  (admit-6 answers a completed job's replays and checks completion where it would dispatch).
+  Then, always:
+    presented above the fence:
+      the job completed                      -> job_completed (a completed job's fence is
+                                                never raised)
+      mode 'required'                        -> unregistered_generation
+      mode 'implicit': the raise. The fence becomes the presented generation, with no
+        lease: lease_exp '0' and lease_ms '' (the previous generation's lease is not
+        inherited; only register-2 grants a lease). The job hash never expires (PERSIST).
+        The raise is a registration in the job's audit chain: 'event' = 'registered',
+        generation, previous, by, 'mode' = 'implicit', worker_id.
+    presented equal to the fence: its lease ran out (lease_exp > 0 and Redis TIME at or
+      past it)                               -> lease_expired
+
+  g.reply       nil when the call passed; else the answer (a rejection, through done())
+  g.fence       the fence after the guard (a number; the presented generation when raised)
+  g.raised      the guard raised the fence: every answer of the script is a write (done())
+  g.registered  the audit id of that registration ('' when none)
+  g.lease_exp   the job's lease_exp (ms; 0: no lease, or raised just now)
+  g.completed() whether the job completed (HEXISTS, read once, when first asked)
+  g.reject(reason, pinned)   an audited rejection of this call, later in the script
+]]
+local function fence_guard(call, order, on_completed)
+  local job = redis.call('HMGET', call.job, 'fence', 'cancelled', 'lease_exp')
+  local gen = tonumber(call.presented)
+  local g = {fence = tonumber(job[1]) or 0, raised = false, registered = '',
+    lease_exp = tonumber(job[3]) or 0}
+  local completed
+  function g.completed()
+    if completed == nil then completed = redis.call('HEXISTS', call.job, 'completed') == 1 end
+    return completed
+  end
+  function g.reject(reason, pinned)
+    return reject_call(call, reason, g.fence, pinned)
+  end
+
+  local checks = {
+    cancelled = function()
+      if job[2] == '1' then return g.reject('job_cancelled') end
+    end,
+    stale = function()
+      if gen < g.fence then return g.reject('stale_generation') end
+    end,
+    completed = function()
+      if not g.completed() then return nil end
+      return (on_completed and on_completed()) or g.reject('job_completed')
+    end,
+  }
+  for i = 1, #order do
+    local check = checks[order[i]] or error('fence_guard: no check named ' .. order[i])
+    g.reply = check()
+    if g.reply then return g end
+  end
+
+  if gen > g.fence then
+    if g.completed() then
+      g.reply = g.reject('job_completed')
+    elseif call.mode ~= 'implicit' then
+      g.reply = g.reject('unregistered_generation')
+    else
+      redis.call('HSET', call.job, 'fence', call.presented, 'lease_exp', '0', 'lease_ms', '')
+      redis.call('PERSIST', call.job)  -- a fence never expires
+      g.registered = audit(call.stream, call.job, call.retention, call.now, {
+        'tenant', call.tenant, 'job_id', call.job_id, 'event', 'registered',
+        'generation', call.presented, 'previous', fmt(g.fence), 'by', call.by,
+        'mode', 'implicit', 'worker_id', call.worker_id})
+      g.fence = gen
+      g.raised = true
+      g.lease_exp = 0
+    end
+  elseif g.lease_exp > 0 and call.now >= g.lease_exp then
+    g.reply = g.reject('lease_expired')
+  end
+  return g
+end

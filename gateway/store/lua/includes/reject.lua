@@ -1,0 +1,23 @@
+--[[
+  An audited rejection: the entry in the job's audit chain and the reply every script gives a
+  call it rejects.
+
+    reject_call(call, reason, current, pinned)
+      -> done({9, reason, presented, current, audit_id, pinned or ''})
+
+  call: the call's identity, built once by the script (every field a string, '' for none):
+    job        job hash key              stream     job audit stream key (the job's slot)
+    retention  seconds (the audit stream's)
+    now        ms, Redis TIME (a number)
+    tenant  job_id  step  presented (the generation as sent)  worker_id  adapter
+  current: the job's fence (a number). pinned: the step's pinned intent (intent_mismatch).
+  The entry's fields, in this order (the chain hashes them in order): tenant, job_id, step,
+  reason, presented, current, worker_id, adapter.
+]]
+local function reject_call(call, reason, current, pinned)
+  local id = audit(call.stream, call.job, call.retention, call.now, {
+    'tenant', call.tenant, 'job_id', call.job_id, 'step', call.step, 'reason', reason,
+    'presented', call.presented, 'current', fmt(current), 'worker_id', call.worker_id,
+    'adapter', call.adapter})
+  return done({9, reason, call.presented, fmt(current), id, pinned or ''})
+end

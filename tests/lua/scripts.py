@@ -1,0 +1,127 @@
+"""The deciding scripts called as the store calls them (its trailer of arguments appended), on a
+real Redis, without the store's Python around them: what each script answers is what is
+tested. :data:`FENCED` builds one call of each fenced script from the same few facts."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from gateway.store.keys import JobKeys
+from gateway.store.scripts import SCRIPT_NAMES, lua_source
+
+REQUEST_MEMORY_MS = 60_000
+RETENTION = "3600"
+_ids = itertools.count(1)
+
+Call = tuple[tuple[str, ...], tuple[str, ...]]  # KEYS, ARGV (before the trailer)
+
+
+class Scripts:
+    """Every script loaded into one Redis; :meth:`run` sends one with the prelude's trailer."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.sources = {name: lua_source(name) for name in SCRIPT_NAMES}
+        for source in self.sources.values():
+            client.script_load(source)
+
+    def run(
+        self, name: str, job: JobKeys, call: Call, *, request_id: str | None = None
+    ) -> list[Any]:
+        """The script's reply without the slot counter (the slot's marker is created first)."""
+        self.client.set(job.marker, "1", nx=True)
+        rid = request_id or f"r{next(_ids)}"
+        keys, args = call
+        sha = hashlib.sha1(self.sources[name].encode(), usedforsecurity=False).hexdigest()
+        reply = self.client.evalsha(
+            sha,
+            len(keys) + 2,
+            *keys,
+            job.req(rid),
+            job.marker,
+            *args,
+            rid,
+            str(REQUEST_MEMORY_MS),
+            "0",
+            "",
+        )
+        assert isinstance(reply, list)
+        return reply[1:]
+
+    def register(self, job: JobKeys, generation: int, lease_ms: int | None = None) -> list[Any]:
+        lease = "" if lease_ms is None else str(lease_ms)
+        return self.run(
+            "register-2",
+            job,
+            (
+                (job.job, job.audit),
+                (str(generation), lease, job.job_id, job.tenant, RETENTION, str(2**53 - 1), "t"),
+            ),
+        )
+
+
+def admit(job: JobKeys, gen: int, mode: str, run_before: str = "") -> Call:
+    step = "s"
+    return (
+        (job.job, job.effect(step), job.audit, job.steps, job.relayq, job.needs),
+        (
+            str(gen), mode, "a" * 64, "hook", "send", f"d{next(_ids)}", "30000", RETENTION, "0",
+            job.job_id, step, "w", job.tenant, "", job.member(step), "tester", run_before,
+        ),
+    )  # fmt: skip
+
+
+def checkpoint(job: JobKeys, gen: int, mode: str) -> Call:
+    return (
+        (job.job, job.ckpt, job.audit),
+        (str(gen), mode, "c", "1", '"w"', "w", job.job_id, job.tenant, RETENTION, "tester"),
+    )
+
+
+def complete(job: JobKeys, gen: int, mode: str) -> Call:
+    """A completion naming an output nobody recorded: it completes nothing ({7}), but it
+    passes (or fails) the fence guard like any completion."""
+    return (
+        (job.job, job.outputs, job.audit),
+        (str(gen), mode, "b" * 64, "null", '["x"]', "w", job.job_id, job.tenant, RETENTION,
+         "tester"),
+    )  # fmt: skip
+
+
+def output_stage(job: JobKeys, gen: int, mode: str) -> Call:
+    key = f"{job.tenant}/{job.job_id}/g{gen}/o"
+    return (
+        (job.job, job.outputs, job.audit),
+        (str(gen), mode, "o", key, f"u{next(_ids)}", "30000", "0", job.job_id, job.tenant, "w",
+         RETENTION, "text/plain", "tester"),
+    )  # fmt: skip
+
+
+def heartbeat(job: JobKeys, gen: int, mode: str) -> Call:
+    return (
+        (job.job, job.audit),
+        (str(gen), mode, job.job_id, "w", job.tenant, RETENTION, "tester"),
+    )
+
+
+# Every script that runs the fence guard (includes/fence), with a call of it by generation
+# `gen` in registration mode `mode`; the step each one's audit entries name.
+FENCED: dict[str, tuple[Callable[[JobKeys, int, str], Call], str]] = {
+    "admit-6": (admit, "s"),
+    "checkpoint-3": (checkpoint, "checkpoint:c"),
+    "complete-3": (complete, "job:complete"),
+    "output-stage-3": (output_stage, "output:o"),
+    "heartbeat-2": (heartbeat, ""),
+}
+
+
+def complete_job(scripts: Scripts, job: JobKeys, gen: int) -> None:
+    """Complete the job by generation ``gen`` (no outputs)."""
+    keys, args = complete(job, gen, "required")
+    args = (*args[:4], "[]", *args[5:])
+    assert scripts.run("complete-3", job, (keys, args))[0] == 0
