@@ -174,7 +174,7 @@ def test_a_restored_backup_is_refused_by_every_worker_of_one_serve(
     assert init(cfg, tmp_path).returncode == 0
     s = Serve(tmp_path, cfg, "--workers", "2")
     serves.append(s)
-    s.wait_ready()
+    s.wait_ready(60)  # two workers importing side by side on a loaded 2-core machine
     backup = before_and_after(s, durable, tmp_path)
     wait_marks_persisted(tmp_path / "data", durable)
     durable.restore(backup)
