@@ -317,8 +317,12 @@ class StoreBase:
         """Copy a job's audit entry into the tenant-wide feed (trimmed by age).
 
         Best effort: the entry is already in the job's stream, written atomically
-        with the decision, so a failed copy must not turn a true 409 into a 503.
+        with the decision, so a failed copy must not turn a true 409 into a 503. No
+        ``audit_id`` (a rejection the script did not audit: the tenant's rejections quota):
+        nothing to copy.
         """
+        if not audit_id:
+            return
         note_audit(self.audit_touched, keys, audit_id)
         entry = {
             "at": audit_id.split("-")[0],

@@ -45,6 +45,7 @@ from gateway.core.records import (
     EffectState,
     InProgress,
     JobView,
+    OverQuota,
     Queued,
     Registration,
     RelayClaim,
@@ -101,7 +102,7 @@ _DETAILS = {
     "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
 
-_REGISTERED_LAST = {0: 7, 2: 3, 4: 3}  # admit-6 replies ending with a registration's audit id
+_REGISTERED_LAST = {0: 7, 2: 3, 4: 3, 11: 3}  # admit-6 replies ending in a registration audit id
 
 
 class Store(RelayQueue, StoreReads):
@@ -289,12 +290,11 @@ class Store(RelayQueue, StoreReads):
         payload_json: str = "",
         dispatch_id: str | None = None,
         by: str = "",
+        closed: str = "",
     ) -> AdmitVerdict:
-        """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
-
-        ``dispatch_id`` is also the call's request id: sent again with the same one (its
-        reply was lost), the admit answers what it answered the first time.
-        """
+        """Admit a call (async with ``payload_json``: queued for the relay). ``closed``: the
+        tenant's used-up quotas (admit-6's ARGV[17]) -> ``OverQuota``. ``dispatch_id`` is the
+        request id: a re-send with it (a lost reply) answers what the first one answered."""
         dispatch_id = dispatch_id or scripts._dispatch_id()
         reply = await self._run(
             "admit-6",
@@ -317,6 +317,7 @@ class Store(RelayQueue, StoreReads):
                 payload_json,
                 keys.member(step),
                 by,
+                closed,
             ),
             request_id=dispatch_id,
         )
@@ -341,7 +342,9 @@ class Store(RelayQueue, StoreReads):
             return Queued("pending", generation)
         if code == 5:
             record = EffectRecord.from_flat(reply[1:])
-            return Queued(record.state, record.generation)
+            return Queued(record.state, record.generation, repeated=True)
+        if code == 11:
+            return OverQuota(str(reply[1]))  # a quota the caller said is used up (closed)
         if code == 10:
             raise StoreUnavailable("this call was given up before Redis ran it; nothing was done")
         raise await self._rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)

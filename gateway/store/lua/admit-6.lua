@@ -23,6 +23,10 @@
              respond-async): the intent is recorded 'pending' and queued for a relay
     ARGV[15] the relay queue member of this step (JSON [tenant, job, step])
     ARGV[16] who calls (the key's name, else its role): recorded with an implicit registration
+    ARGV[17] the tenant's quotas that are used up (gateway.fencing.quotas), letters: 'e' no new
+             dispatch or queue entry (effects_per_window), 'p' no new queue entry
+             (payload_bytes), 'r' a rejection is answered but not audited
+             (rejections_per_window); '' none
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
@@ -36,6 +40,9 @@
     {5, field, value, ...}   async repeat: the relay has the step already (pending or dispatching)
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
     {10}                     voided: the gateway gave this request up before it ran
+    {11, quota, registered_audit_id}
+                             the call would pin, queue or claim the step and that quota is
+                             used up (ARGV[17]): nothing changed (but an implicit raise)
 
   A completed job (field 'completed' of the job hash, see complete-3.lua) takes no new
   dispatch from any generation: a call that would pin, queue or claim the step is
@@ -67,7 +74,12 @@ local function answer(reply)
   return reply
 end
 
+local closed = ARGV[17] or ''
+
 local function reject(reason, pinned)
+  if string.find(closed, 'r', 1, true) then
+    return answer({9, reason, ARGV[1], fmt(fence), '', pinned or ''})
+  end
   local id = audit(KEYS[3], KEYS[1], ARGV[8], now, {
     'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', reason,
     'presented', ARGV[1], 'current', fmt(fence), 'worker_id', ARGV[12], 'adapter', ARGV[4]})
@@ -100,6 +112,21 @@ local fx = redis.call('HMGET', KEYS[2], 'state', 'intent_sha256', 'deadline', 'd
   'generation', 'relay', 'resolving', 'worker_id', 'adapter')
 local state = fx[1]
 local superseded = ''
+local dirty = false  -- this call changed the step already (a dispatch past its deadline)
+
+-- the quota a call that would pin or claim the step runs into, or nil (queues: it would store
+-- a payload the step does not hold yet; a released relay step keeps its own). Checked before
+-- anything of the step is written, so a refused call changes nothing.
+local function over(queues)
+  if string.find(closed, 'e', 1, true) then return 'effects_per_window' end
+  if queues and string.find(closed, 'p', 1, true) then return 'payload_bytes' end
+  return nil
+end
+
+local function refuse(quota)
+  if dirty then return done({11, quota, registered}) end
+  return answer({11, quota, registered})
+end
 
 local function touch()
   redis.call('EXPIRE', KEYS[2], ARGV[8])
@@ -109,6 +136,8 @@ end
 
 local function claim(resolving)
   if completed() then return reject('job_completed') end
+  local quota = over(false)
+  if quota then return refuse(quota) end
   local deadline = now + tonumber(ARGV[7])
   redis.call('HSET', KEYS[2], 'state', 'dispatching', 'intent_sha256', ARGV[3],
     'adapter', ARGV[4], 'operation', ARGV[5], 'dispatch_id', ARGV[6],
@@ -147,14 +176,22 @@ end
 
 if not state then
   if completed() then return reject('job_completed') end
+  local quota = over(ARGV[14] ~= '')
+  if quota then return refuse(quota) end
   redis.call('HSET', KEYS[2], 'created_at', fmt(now))
   return pin()
 end
 -- released: known not delivered; the current generation may re-pin the step
-if state == 'released' then return pin() end
+if state == 'released' then
+  local quota = over(ARGV[14] ~= '' and fx[6] ~= '1')
+  if quota then return refuse(quota) end
+  return pin()
+end
 
 if state == 'pending' and (tonumber(fx[5]) or 0) < gen then
   if completed() then return reject('job_completed') end
+  local quota = over(false)  -- its payload is held already: a new one replaces it
+  if quota then return refuse(quota) end
   -- queued by an older generation and never claimed: nothing was sent. Supersede it.
   superseded = audit(KEYS[3], KEYS[1], ARGV[8], now, {
     'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', 'superseded',
@@ -191,6 +228,7 @@ if state == 'dispatching' then
   index(KEYS[6], member, 'unknown', fmt(now))
   state = 'unknown'
   marked = true
+  dirty = true
 end
 
 if state == 'unknown' then
