@@ -51,7 +51,15 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.core.errors import QuotaExceeded, Rejection, StoreUnavailable
-from gateway.core.records import Admitted, AdmitVerdict, OverQuota, Queued
+from gateway.core.records import (
+    Admitted,
+    AdmitVerdict,
+    InProgress,
+    OverQuota,
+    Queued,
+    Replay,
+    Unknown,
+)
 from gateway.fencing.admission import OPEN, AdmitCall, Gate
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import QuotaSettings
@@ -174,14 +182,18 @@ class Quotas:
         caps = self.caps(call.keys.tenant)
         index, _ = self._window()
         closed = ""
-        kinds = [k for k, cap in (("fx", caps.effects), ("rj", caps.rejections)) if cap]
-        if kinds:
-            counts = await asyncio.gather(*(self._count(call.keys.tenant, k, index) for k in kinds))
-            seen = dict(zip(kinds, counts, strict=True))
-            if "fx" in seen and seen["fx"] >= caps.effects:
-                closed += "e"
-            if "rj" in seen and seen["rj"] >= caps.rejections:
-                closed += "r"
+        for kind, cap, letter in (("fx", caps.effects, "e"), ("rj", caps.rejections, "r")):
+            if not cap:
+                continue
+            seen = self._seen.get((call.keys.tenant, kind))
+            # this process's view (no round trip); read from Redis once per window
+            count = (
+                seen[1]
+                if seen and seen[0] == index
+                else await self._count(call.keys.tenant, kind, index)
+            )
+            if count >= cap:
+                closed += letter
         charge = 0
         if call.payload_bytes and caps.payload and "e" not in closed:
             charge = await self._reserve_payload(call.keys.tenant, call.payload_bytes, caps.payload)
@@ -199,6 +211,8 @@ class Quotas:
             if isinstance(outcome, StoreUnavailable):
                 stored = bool(outcome.fields.get("may_have_been_queued"))
             await self._settle_payload(keys, call.step, charge, stored)
+        if isinstance(outcome, Replay | InProgress | Unknown):
+            return  # nothing was written for this call: never charged
         index, left = self._window()
         caps = self.caps(tenant)
         if isinstance(outcome, Admitted) or (isinstance(outcome, Queued) and not outcome.repeated):
@@ -240,10 +254,7 @@ class Quotas:
         return f"{_prefix(tenant)}:{kind}:{index}"
 
     async def _count(self, tenant: str, kind: str, index: int) -> int:
-        """The counter as this process last saw it; read once per window."""
-        seen = self._seen.get((tenant, kind))
-        if seen is not None and seen[0] == index:
-            return seen[1]
+        """The counter in Redis: the view of a window this process has not charged yet."""
         try:
             value = await self._batcher.execute("GET", self._key(tenant, kind, index))
         except (RedisError, OSError) as exc:
