@@ -44,7 +44,7 @@ class Gate:
     """What :meth:`Admission.before` decided; handed back to :meth:`Admission.after`."""
 
     # letters for admit-6's ARGV[17]: 'e' no new dispatch or queue entry, 'p' no new queue
-    # entry, 'r' rejections are answered but not audited
+    # entry (the payload is then not sent to Redis), 'r' rejections answered but not audited
     closed: str = ""
     hold: Any = None  # the hook's own state between the two calls (a payload reservation)
 

@@ -79,6 +79,8 @@ class EffectService(Relaying):
         if admission is not None:
             call = AdmitCall(keys, step, worker_id or "", adapter_name, len(payload_json))
             gate = await admission.before(call)
+        if "p" in gate.closed:  # no new queue entry: the payload would only be refused there
+            payload_json = "-"
         try:
             verdict = await self._admit(
                 keys,

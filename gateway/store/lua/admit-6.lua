@@ -25,7 +25,8 @@
     ARGV[16] who calls (the key's name, else its role): recorded with an implicit registration
     ARGV[17] the tenant's quotas that are used up (gateway.fencing.quotas), letters: 'e' no new
              dispatch or queue entry (effects_per_window), 'p' no new queue entry
-             (payload_bytes), 'r' a rejection is answered but not audited
+             (payload_bytes; ARGV[14] is then a placeholder, never stored), 'r' a rejection
+             is answered but not audited
              (rejections_per_window); '' none
 
   Output:
@@ -114,9 +115,8 @@ local state = fx[1]
 local superseded = ''
 local dirty = false  -- this call changed the step already (a dispatch past its deadline)
 
--- the quota a call that would pin or claim the step runs into, or nil (queues: it would store
--- a payload the step does not hold yet; a released relay step keeps its own). Checked before
--- anything of the step is written, so a refused call changes nothing.
+-- the quota a call that would pin (queues: async, with its payload) or claim the step runs
+-- into, or nil. Checked before anything of the step is written: a refused call changes nothing.
 local function over(queues)
   if string.find(closed, 'e', 1, true) then return 'effects_per_window' end
   if queues and string.find(closed, 'p', 1, true) then return 'payload_bytes' end
@@ -183,14 +183,14 @@ if not state then
 end
 -- released: known not delivered; the current generation may re-pin the step
 if state == 'released' then
-  local quota = over(ARGV[14] ~= '' and fx[6] ~= '1')
+  local quota = over(ARGV[14] ~= '')
   if quota then return refuse(quota) end
   return pin()
 end
 
 if state == 'pending' and (tonumber(fx[5]) or 0) < gen then
   if completed() then return reject('job_completed') end
-  local quota = over(false)  -- its payload is held already: a new one replaces it
+  local quota = over(ARGV[14] ~= '')
   if quota then return refuse(quota) end
   -- queued by an older generation and never claimed: nothing was sent. Supersede it.
   superseded = audit(KEYS[3], KEYS[1], ARGV[8], now, {
