@@ -20,6 +20,7 @@ __all__ = [
     "EffectState",
     "InProgress",
     "JobView",
+    "OverQuota",
     "Queued",
     "Registration",
     "RelayClaim",
@@ -119,6 +120,15 @@ class Queued:
 
     state: str
     generation: int
+    repeated: bool = False  # the relay had the step already: this call added nothing
+
+
+@dataclass(frozen=True, slots=True)
+class OverQuota:
+    """The call would have pinned, queued or claimed the step, and the tenant's ``quota``
+    (gateway.fencing.quotas) is used up: nothing was stored or sent."""
+
+    quota: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +141,7 @@ class RelayClaim:
     deadline_ms: int
 
 
-AdmitVerdict = Admitted | Replay | InProgress | Unknown | Queued
+AdmitVerdict = Admitted | Replay | InProgress | Unknown | Queued | OverQuota
 
 
 @dataclass(frozen=True, slots=True)

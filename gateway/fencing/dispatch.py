@@ -33,6 +33,7 @@ from gateway.core.records import (
     EffectResult,
     EffectState,
 )
+from gateway.fencing.admission import Admission
 from gateway.runtime.metrics import Metrics
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store, new_request_id
@@ -59,8 +60,11 @@ class Dispatcher:
         tenant_keyed: frozenset[str] = frozenset(),
         adapter_tenants: Mapping[str, frozenset[str] | None] | None = None,
         crash_hook: Callable[[str], None] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._store = store
+        # consulted around every effect call's admit (gateway.fencing.admission); None: nothing
+        self.admission = admission
         self._adapters = adapters
         self._tenant_keyed = tenant_keyed
         # adapter -> the tenants that may use it (None or absent: every tenant)

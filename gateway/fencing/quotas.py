@@ -1,28 +1,49 @@
-"""Per-tenant quotas: a guard in front of the fence, not the fence.
+"""Per-tenant quotas: a guard around the fence's decision, not the fence.
 
-Two caps per tenant (``[quotas]``, overridable per tenant in ``[quotas.tenants.<name>]``),
-counted in per-tenant keys outside the deciding scripts (which stay one slot per job):
+:class:`Quotas` is the effect service's admission hook (:mod:`gateway.fencing.admission`),
+built only when some cap is configured. Three caps per tenant (``[quotas]``, overridable per
+tenant in ``[quotas.tenants.<name>]``), counted in per-tenant keys outside the deciding
+scripts (which stay one slot per job; the quota keys live in the tenant's slot, so nothing
+crosses a slot on Redis Cluster):
 
-* **effects per window** — effect calls that reach a decision (admitted, queued or
-  rejected; replays and "in progress" answers are given back) in a fixed window of
-  ``window_seconds``: ``fg:quota:{<tenant>}:fx:<window>``, expiring with the window.
+* **effects per window** — effect calls *admitted or queued* in a fixed window of
+  ``window_seconds``: ``fg:quota:{<tenant>}:fx:<window>``. Charged after the verdict, so a
+  replay, an "in progress" answer and a rejection never spend it. Before the decision the
+  call is checked against what this process last saw of the counter (the reply of its own
+  last charge; read from Redis once per tenant and window): used up, the script is told so
+  (``closed``) and refuses only a call that would pin, queue or claim a step, which gets
+  ``429`` with nothing stored or sent. A replay or "in progress" answer is never refused.
+  Bound: the cap, plus per gateway process the calls it admits between the counter reaching
+  the cap and its next charge reply (at most the admits it has in flight at once).
+* **rejections per window** — calls the fence rejected (stale, lease expired, …):
+  ``fg:quota:{<tenant>}:rj:<window>``, and the metric ``fencegate_quota_rejections`` (always,
+  ``audited`` true/false). Past the cap a rejection is still answered as before (409/422,
+  nothing written) but no longer audited one by one, so a zombie flood cannot grow the audit
+  streams without bound; it never spends or closes the effects quota.
 * **stored payload bytes** — async payloads held in Redis for the relay, each charged its
-  size plus 1 KiB: ``fg:quota:{<tenant>}:held`` (``[job, step]`` -> charge) and its sum
-  ``fg:quota:{<tenant>}:held_bytes``. A payload leaves Redis when its outcome is recorded
-  (by the relay, or a synchronous call that takes the step over); the gateway does not
-  hook every such place: when a tenant reaches its cap, the held entries whose payload is
-  gone are given back (at most once a second per tenant), then the call is tried again.
+  size plus 1 KiB, reserved before the decision and settled after it:
+  ``fg:quota:{<tenant>}:held`` (``[job, step]`` -> charge) and its sum
+  ``fg:quota:{<tenant>}:held_bytes``. A reservation over the cap does not refuse the call:
+  the script is told, and refuses only a call that would queue a new payload (an async
+  repeat of a queued step is answered). A payload leaves Redis when its outcome is recorded
+  (by the relay, or a synchronous call that takes the step over); the gateway does not hook
+  every such place: when a tenant reaches its cap, the held entries whose payload is gone
+  are given back (at most once a second per tenant), then the reservation is tried again.
 
-Over a cap: ``429 quota_exceeded`` with ``Retry-After`` (the window's end; for payloads,
-``retry_after_seconds``), nothing stored, nothing sent; audited in the tenant's audit feed
-(``reason = quota_exceeded``), at most one entry per tenant and cap per second (a flood
-is summarised by a ``suppressed`` count in the next entry).
+The counters go through the store's auto-pipeline (:attr:`Store.batcher`): a charge is
+queued with the reply's tick and not waited for. Over a cap: ``429 quota_exceeded`` with
+``Retry-After`` (the window's end; for payloads, ``retry_after_seconds``), audited in the
+tenant's audit feed (``reason = quota_exceeded``), at most one entry per tenant and cap per
+second (a flood is summarised by a ``suppressed`` count in the next entry).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -30,12 +51,22 @@ import structlog
 from redis.exceptions import RedisError
 
 from gateway.core.errors import QuotaExceeded, Rejection, StoreUnavailable
-from gateway.core.records import AdmitVerdict, InProgress, Queued, Replay, Unknown
-from gateway.fencing.service import EffectService
+from gateway.core.records import (
+    Admitted,
+    AdmitVerdict,
+    InProgress,
+    OverQuota,
+    Queued,
+    Replay,
+    Unknown,
+)
+from gateway.fencing.admission import OPEN, AdmitCall, Gate
+from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import QuotaSettings
 from gateway.store.keys import JobKeys, audit_feed
+from gateway.store.store import Store
 
-__all__ = ["PAYLOAD_OVERHEAD", "QuotaedService", "Quotas"]
+__all__ = ["PAYLOAD_OVERHEAD", "Caps", "Quotas"]
 
 log = structlog.get_logger("fencegate.quotas")
 
@@ -90,35 +121,128 @@ def _prefix(tenant: str) -> str:
     return "fg:quota:{" + tenant + "}"
 
 
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """A tenant's caps; 0 is none."""
+
+    effects: int
+    rejections: int
+    payload: int
+
+
 class Quotas:
+    """The admission hook that charges a tenant's quotas (see the module docstring)."""
+
     def __init__(
-        self, client: aioredis.Redis, settings: QuotaSettings, *, retention_seconds: int
+        self,
+        store: Store,
+        settings: QuotaSettings,
+        metrics: Metrics,
+        *,
+        retention_seconds: int,
     ) -> None:
-        self._client = client
+        self._client: aioredis.Redis = store.client
+        self._batcher = store.batcher
         self._settings = settings
+        self._metrics = metrics
         self._ttl = str(retention_seconds)
-        self._reserve = client.register_script(_RESERVE)
-        self._settle = client.register_script(_SETTLE)
-        self._drop = client.register_script(_DROP)
+        self._window_ttl = str(settings.window_seconds + 60)
+        self._scripts = {
+            name: (hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest(), src)
+            for name, src in (("reserve", _RESERVE), ("settle", _SETTLE), ("drop", _DROP))
+        }
+        # (tenant, 'fx' | 'rj') -> (window index, the counter as this process last saw it)
+        self._seen: dict[tuple[str, str], tuple[int, int]] = {}
         self._reconciled: dict[str, float] = {}
         self._audited: dict[tuple[str, str], tuple[float, int]] = {}
 
-    def caps(self, tenant: str) -> tuple[int, int]:
-        """(effects per window, payload bytes) of a tenant; 0 is no cap."""
+    def caps(self, tenant: str) -> Caps:
         own = self._settings.tenants.get(tenant)
-        effects, payload = self._settings.effects_per_window, self._settings.payload_bytes
-        if own is not None:
-            effects = effects if own.effects_per_window is None else own.effects_per_window
-            payload = payload if own.payload_bytes is None else own.payload_bytes
-        return effects, payload
+        s = self._settings
+        if own is None:
+            return Caps(s.effects_per_window, s.rejections_per_window, s.payload_bytes)
+        return Caps(
+            s.effects_per_window if own.effects_per_window is None else own.effects_per_window,
+            s.rejections_per_window
+            if own.rejections_per_window is None
+            else own.rejections_per_window,
+            s.payload_bytes if own.payload_bytes is None else own.payload_bytes,
+        )
 
-    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> int:
+    async def _call(self, script: str, keys: list[str], args: list[Any]) -> int:
+        sha, source = self._scripts[script]
         try:
-            return int(await script(keys=keys, args=args))
+            return int(await self._batcher.evalsha(sha, source, keys, [str(a) for a in args]))
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"Redis did not answer the quota check: {exc}") from exc
 
-    # -- effects per window ---------------------------------------------------
+    # -- the admission hook ----------------------------------------------------
+
+    async def before(self, call: AdmitCall) -> Gate:
+        caps = self.caps(call.keys.tenant)
+        index, _ = self._window()
+        closed = ""
+        for kind, cap, letter in (("fx", caps.effects, "e"), ("rj", caps.rejections, "r")):
+            if not cap:
+                continue
+            seen = self._seen.get((call.keys.tenant, kind))
+            # this process's view (no round trip); read from Redis once per window
+            count = (
+                seen[1]
+                if seen and seen[0] == index
+                else await self._count(call.keys.tenant, kind, index)
+            )
+            if count >= cap:
+                closed += letter
+        charge = 0
+        if call.payload_bytes and caps.payload and "e" not in closed:
+            charge = await self._reserve_payload(call.keys.tenant, call.payload_bytes, caps.payload)
+            if not charge:
+                closed += "p"
+        return Gate(closed, charge) if closed or charge else OPEN
+
+    async def after(
+        self, call: AdmitCall, gate: Gate, outcome: AdmitVerdict | BaseException
+    ) -> None:
+        keys, tenant = call.keys, call.keys.tenant
+        charge = int(gate.hold or 0)
+        if charge:
+            stored = isinstance(outcome, Queued)
+            if isinstance(outcome, StoreUnavailable):
+                stored = bool(outcome.fields.get("may_have_been_queued"))
+            await self._settle_payload(keys, call.step, charge, stored)
+        if isinstance(outcome, Replay | InProgress | Unknown):
+            return  # nothing was written for this call: never charged
+        index, left = self._window()
+        caps = self.caps(tenant)
+        if isinstance(outcome, Admitted) or (isinstance(outcome, Queued) and not outcome.repeated):
+            if caps.effects:
+                self._charge(tenant, "fx", index)
+        elif isinstance(outcome, Rejection):
+            audited = "r" not in gate.closed
+            self._metrics.quota_rejections.labels(tenant, "true" if audited else "false").inc()
+            if caps.rejections:
+                self._charge(tenant, "rj", index)
+        elif isinstance(outcome, OverQuota):
+            who = {"worker_id": call.worker_id, "adapter": call.adapter}
+            await self.audit(keys, call.step, outcome.quota, **who)
+            if outcome.quota == "payload_bytes":
+                raise QuotaExceeded(
+                    f"tenant {tenant!r} has {caps.payload} bytes of async payloads stored for "
+                    "the relay; they are freed as the relay delivers them",
+                    retry_after=self._settings.retry_after_seconds,
+                    quota="payload_bytes",
+                    limit=caps.payload,
+                )
+            raise QuotaExceeded(
+                f"tenant {tenant!r} used its {caps.effects} effect calls of this "
+                f"{self._settings.window_seconds} s window",
+                retry_after=left,
+                quota="effects_per_window",
+                limit=caps.effects,
+            )
+
+    # -- counters per window -----------------------------------------------------
 
     def _window(self) -> tuple[int, int]:
         """(this window's index, seconds until it ends)."""
@@ -126,63 +250,64 @@ class Quotas:
         now = time.time()
         return int(now // size), max(1, int(size - now % size + 0.999))
 
-    async def take_effect(self, keys: JobKeys, step: str, **who: str) -> str | None:
-        """Count one effect call; raise QuotaExceeded over the cap. Returns the key to give
-        the call back to (``give_back``), None when there is no cap."""
-        cap, _ = self.caps(keys.tenant)
-        if not cap:
-            return None
-        index, left = self._window()
-        key = f"{_prefix(keys.tenant)}:fx:{index}"
-        ttl = str(self._settings.window_seconds + 60)
-        if await self._call(self._reserve, [key], [1, cap, ttl]) < 0:
-            await self.audit(keys, step, "effects_per_window", **who)
-            raise QuotaExceeded(
-                f"tenant {keys.tenant!r} used its {cap} effect calls of this "
-                f"{self._settings.window_seconds} s window",
-                retry_after=left,
-                quota="effects_per_window",
-                limit=cap,
-            )
-        return key
+    def _key(self, tenant: str, kind: str, index: int) -> str:
+        return f"{_prefix(tenant)}:{kind}:{index}"
 
-    async def give_back(self, key: str | None) -> None:
-        if key is not None:
-            try:
-                await self._client.incrby(key, -1)
-            except (RedisError, OSError):
-                log.warning("quota_give_back_failed", key=key)
+    async def _count(self, tenant: str, kind: str, index: int) -> int:
+        """The counter in Redis: the view of a window this process has not charged yet."""
+        try:
+            value = await self._batcher.execute("GET", self._key(tenant, kind, index))
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis did not answer the quota check: {exc}") from exc
+        count = int(value or 0)
+        current = self._seen.get((tenant, kind))
+        if current is None or current[0] != index or current[1] < count:
+            self._seen[(tenant, kind)] = (index, count)
+        return count
+
+    def _charge(self, tenant: str, kind: str, index: int) -> None:
+        """Count one call: this process's view at once, Redis in the pipeline of this tick
+        (not waited for; its reply raises the view to what every process charged)."""
+        seen = self._seen.get((tenant, kind))
+        mine = seen[1] if seen is not None and seen[0] == index else 0
+        self._seen[(tenant, kind)] = (index, mine + 1)
+        key = self._key(tenant, kind, index)
+
+        def counted(future: asyncio.Future[Any]) -> None:
+            if future.cancelled():
+                return
+            if (exc := future.exception()) is not None:
+                log.warning("quota_charge_failed", key=key, error=str(exc))
+                return
+            current = self._seen.get((tenant, kind))
+            if current is not None and current[0] == index and current[1] < int(future.result()):
+                self._seen[(tenant, kind)] = (index, int(future.result()))
+
+        def quiet(future: asyncio.Future[Any]) -> None:
+            if not future.cancelled():
+                future.exception()  # retrieved: a failed EXPIRE is the charge's failure too
+
+        self._batcher.execute("INCR", key).add_done_callback(counted)
+        self._batcher.execute("EXPIRE", key, self._window_ttl).add_done_callback(quiet)
 
     # -- stored payload bytes -------------------------------------------------
 
-    async def reserve_payload(self, keys: JobKeys, step: str, size: int, **who: str) -> int:
-        """Reserve a payload's charge; 0 when there is no cap (nothing to settle)."""
-        _, cap = self.caps(keys.tenant)
-        if not cap:
-            return 0
+    async def _reserve_payload(self, tenant: str, size: int, cap: int) -> int:
+        """Reserve a payload's charge; 0 when it does not fit (after one reconciliation)."""
         charge = size + PAYLOAD_OVERHEAD
-        counter = f"{_prefix(keys.tenant)}:held_bytes"
+        counter = f"{_prefix(tenant)}:held_bytes"
         for attempt in (0, 1):
-            if await self._call(self._reserve, [counter], [charge, cap, self._ttl]) >= 0:
+            if await self._call("reserve", [counter], [charge, cap, self._ttl]) >= 0:
                 return charge
-            if attempt == 0 and not await self.reconcile(keys.tenant):
+            if attempt == 0 and not await self.reconcile(tenant):
                 break
-        await self.audit(keys, step, "payload_bytes", **who)
-        raise QuotaExceeded(
-            f"tenant {keys.tenant!r} has {cap} bytes of async payloads stored for the relay; "
-            "they are freed as the relay delivers them",
-            retry_after=self._settings.retry_after_seconds,
-            quota="payload_bytes",
-            limit=cap,
-        )
+        return 0
 
-    async def settle_payload(self, keys: JobKeys, step: str, charge: int, stored: bool) -> None:
-        if not charge:
-            return
+    async def _settle_payload(self, keys: JobKeys, step: str, charge: int, stored: bool) -> None:
         p = _prefix(keys.tenant)
         args = [_member(keys, step), charge, "1" if stored else "0", self._ttl]
         try:
-            await self._call(self._settle, [f"{p}:held", f"{p}:held_bytes"], args)
+            await self._call("settle", [f"{p}:held", f"{p}:held_bytes"], args)
         except StoreUnavailable:
             log.warning("quota_settle_failed", job_id=keys.job_id, step=step)
 
@@ -213,7 +338,7 @@ class Quotas:
             freed = 0
             for i in range(0, len(gone), 2000):
                 keys = [f"{p}:held", f"{p}:held_bytes"]
-                freed += await self._call(self._drop, keys, gone[i : i + 2000])
+                freed += await self._call("drop", keys, gone[i : i + 2000])
             return freed
         except (RedisError, OSError):
             log.warning("quota_reconcile_failed", tenant=tenant)
@@ -246,43 +371,3 @@ class Quotas:
         log.warning(
             "quota_exceeded", tenant=keys.tenant, quota=quota, suppressed_since_last=suppressed
         )
-
-
-class QuotaedService(EffectService):
-    """The effect service with the tenant's quotas checked before each admit."""
-
-    def __init__(self, *args: Any, quotas: Quotas, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.quotas = quotas
-
-    async def _admit(
-        self, keys: JobKeys, step: str, *, payload_json: str, **kwargs: Any
-    ) -> AdmitVerdict:
-        who = {
-            "worker_id": str(kwargs.get("worker_id") or ""),
-            "adapter": kwargs.get("adapter", ""),
-        }
-        counted = await self.quotas.take_effect(keys, step, **who)
-        charge = 0
-        if payload_json:
-            try:
-                charge = await self.quotas.reserve_payload(keys, step, len(payload_json), **who)
-            except QuotaExceeded:
-                await self.quotas.give_back(counted)
-                raise
-        try:
-            verdict = await super()._admit(keys, step, payload_json=payload_json, **kwargs)
-        except Rejection:
-            await self.quotas.settle_payload(keys, step, charge, stored=False)
-            raise  # a rejection is written (audit): it counts
-        except StoreUnavailable as exc:
-            maybe = bool(exc.fields.get("may_have_been_queued"))
-            await self.quotas.settle_payload(keys, step, charge, stored=maybe)
-            raise
-        except BaseException:
-            await self.quotas.settle_payload(keys, step, charge, stored=False)
-            raise
-        await self.quotas.settle_payload(keys, step, charge, stored=isinstance(verdict, Queued))
-        if isinstance(verdict, Replay | InProgress | Unknown):
-            await self.quotas.give_back(counted)  # nothing was written for this call
-        return verdict

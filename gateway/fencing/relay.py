@@ -27,6 +27,9 @@ log = structlog.get_logger("fencegate.service")
 
 # A relay dispatch that ended released (known not delivered) is tried again after this.
 _RELAY_RETRY_MS = 1000
+# A step left untouched (its claim got no verdict: its slot unavailable, or behind) waits this
+# long in this process before it is tried again, doubling per failure up to the last.
+_UNTOUCHED_BACKOFF = (0.25, 5.0)
 
 
 class Relaying(Dispatcher):
@@ -67,10 +70,21 @@ class Relaying(Dispatcher):
         sweeper = asyncio.create_task(self._sweep_forever(sweep_seconds))
         running: dict[str, asyncio.Task[bool]] = {}  # queue member -> its task
         per: dict[str, int] = {}  # tenant -> steps running
+        # queue member -> (not before, in loop time; the wait after the next failure): a step
+        # whose claim got no verdict is not picked again at once (that was a spin while its
+        # slot stayed unavailable)
+        later: dict[str, tuple[float, float]] = {}
+        loop = asyncio.get_running_loop()
+        first, most = _UNTOUCHED_BACKOFF
 
-        def finished(member: str, tenant: str, _task: asyncio.Task[bool]) -> None:
+        def finished(member: str, tenant: str, task: asyncio.Task[bool]) -> None:
             running.pop(member, None)
             per[tenant] -= 1
+            if not task.cancelled() and task.exception() is None and not task.result():
+                wait = later.get(member, (0.0, first))[1]
+                later[member] = (loop.time() + wait, min(wait * 2, most))
+            else:
+                later.pop(member, None)
             self.relay_wakeup.set()
 
         try:
@@ -82,9 +96,14 @@ class Relaying(Dispatcher):
                     due = await self._store.relay_due(int(time.time() * 1000), per_tenant)
                 except StoreUnavailable:
                     due = []
+                now = loop.time()
+                if len(later) > 4096:  # steps that left the queue meanwhile: forget them
+                    later = {m: v for m, v in later.items() if v[0] > now - most}
                 for keys, step, _ in due:
                     member = keys.member(step)
                     if member in running or per.get(keys.tenant, 0) >= per_tenant:
+                        continue
+                    if member in later and later[member][0] > now:
                         continue
                     task = asyncio.create_task(self._relay_one(keys, step))
                     running[member] = task

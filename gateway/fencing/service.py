@@ -33,9 +33,11 @@ from gateway.core.records import (
     AdmitVerdict,
     EffectResult,
     InProgress,
+    OverQuota,
     Queued,
     Replay,
 )
+from gateway.fencing.admission import OPEN, AdmitCall
 from gateway.fencing.relay import Relaying
 from gateway.store.keys import JobKeys
 from gateway.store.store import new_request_id
@@ -73,18 +75,32 @@ class EffectService(Relaying):
         started = time.monotonic()
         payload_json = json.dumps(payload, separators=(",", ":")) if respond_async else ""
         self._crash("before_admit")
-        verdict = await self._admit(
-            keys,
-            step,
-            generation=generation,
-            intent_sha256=digest,
-            adapter=adapter_name,
-            operation=operation,
-            worker_id=worker_id or "",
-            resolvable=adapter.capabilities.can_resolve,
-            payload_json=payload_json,
-            by=by,
-        )
+        admission, gate = self.admission, OPEN
+        if admission is not None:
+            call = AdmitCall(keys, step, worker_id or "", adapter_name, len(payload_json))
+            gate = await admission.before(call)
+        if "p" in gate.closed:  # no new queue entry: the payload would only be refused there
+            payload_json = "-"
+        try:
+            verdict = await self._admit(
+                keys,
+                step,
+                generation=generation,
+                intent_sha256=digest,
+                adapter=adapter_name,
+                operation=operation,
+                worker_id=worker_id or "",
+                resolvable=adapter.capabilities.can_resolve,
+                payload_json=payload_json,
+                by=by,
+                closed=gate.closed,
+            )
+        except BaseException as exc:
+            if admission is not None:
+                await admission.after(call, gate, exc)
+            raise
+        if admission is not None:
+            await admission.after(call, gate, verdict)  # raises for an OverQuota verdict
         self._crash("after_admit")
         if isinstance(verdict, Queued):
             # the queue entry was written with the step; this hint only makes it prompt
@@ -101,6 +117,8 @@ class EffectService(Relaying):
                 retry_after=1,
                 dispatch_deadline_in_ms=verdict.retry_after_ms,
             )
+        if isinstance(verdict, OverQuota):  # only with a hook, and it raised
+            raise AssertionError("an OverQuota verdict without an admission hook")
         if not isinstance(verdict, Admitted):
             self._metrics.effect_counter(adapter_name, "unknown_refused").inc()
             raise OutcomeUnknown(

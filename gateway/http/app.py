@@ -31,7 +31,8 @@ from gateway.fencing.bulkheads import HttpPools, scope_adapters
 from gateway.fencing.completion import CompletionService
 from gateway.fencing.outputs import OutputService
 from gateway.fencing.outputs_sweep import sweep as sweep_outputs
-from gateway.fencing.quotas import QuotaedService, Quotas
+from gateway.fencing.quotas import Quotas
+from gateway.fencing.service import EffectService
 from gateway.fencing.tenancy import resolve_tenancy
 from gateway.http import appkeys as K
 from gateway.http.auth import Authenticator
@@ -316,12 +317,15 @@ def create_app(
             )
         adapters = scope_adapters(adapters)
         app[K.ADAPTERS] = adapters
-        quotas = Quotas(
-            app[K.STORE].client,
-            settings.quotas,
-            retention_seconds=settings.fencing.retention_seconds,
-        )
-        app[K.SERVICE] = QuotaedService(
+        quotas = None
+        if settings.quotas.enabled:  # no cap anywhere: no hook, nothing called per call
+            quotas = Quotas(
+                app[K.STORE],
+                settings.quotas,
+                app[K.METRICS],
+                retention_seconds=settings.fencing.retention_seconds,
+            )
+        app[K.SERVICE] = EffectService(
             app[K.STORE],
             adapters,
             app[K.METRICS],
@@ -329,7 +333,7 @@ def create_app(
             tenant_keyed=tenancy.keyed,
             adapter_tenants=tenancy.allowed,
             crash_hook=crash_hook,
-            quotas=quotas,
+            admission=quotas,
         )
         relay = asyncio.create_task(
             app[K.SERVICE].relay_forever(

@@ -26,8 +26,16 @@ class Metrics:
         )
         self.rejections = Counter(
             "fencegate_rejections",
-            "Calls refused by the fence, by problem code (all audited).",
+            "Calls refused by the fence, by problem code (audited, but past a tenant's "
+            "quotas.rejections_per_window).",
             ["reason"],
+            registry=self.registry,
+        )
+        self.quota_rejections = Counter(
+            "fencegate_quota_rejections",
+            "Effect calls the fence rejected, per tenant, counted apart from the effects quota "
+            "(audited false: past the tenant's rejections_per_window). Only with [quotas].",
+            ["tenant", "audited"],
             registry=self.registry,
         )
         self.relay_not_sent = Counter(

@@ -168,14 +168,19 @@ class BulkheadSettings(_Section):
 
 class TenantQuota(_Section):
     effects_per_window: Annotated[int, Field(ge=0)] | None = None
+    rejections_per_window: Annotated[int, Field(ge=0)] | None = None
     payload_bytes: Annotated[int, Field(ge=0)] | None = None
 
 
 class QuotaSettings(_Section):
     """Per-tenant quotas (``[quotas]``, ``[quotas.tenants.<name>]``); 0 means no cap."""
 
-    # Effect calls that reach a decision (admitted, queued or rejected) per tenant per window.
+    # Effect calls admitted or queued per tenant per window (replays, "in progress" answers
+    # and rejections are not counted here).
     effects_per_window: Annotated[int, Field(ge=0)] = 0
+    # Effect calls rejected by the fence per tenant per window that are audited one by one;
+    # past it a rejection is still answered (409) and counted, not audited.
+    rejections_per_window: Annotated[int, Field(ge=0)] = 0
     window_seconds: Annotated[int, Field(ge=1, le=86_400)] = 3600
     # Async payload bytes a tenant may have stored for the relay at once (each payload
     # counts its size plus 1 KiB for the records around it).
@@ -183,6 +188,15 @@ class QuotaSettings(_Section):
     # Retry-After of a 429 for stored payloads (the relay frees them as it delivers).
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 5
     tenants: dict[str, TenantQuota] = {}
+
+    @property
+    def enabled(self) -> bool:
+        """Some tenant has a cap: the admission hook is built (else nothing is)."""
+        caps = [self.effects_per_window, self.rejections_per_window, self.payload_bytes]
+        for own in self.tenants.values():
+            caps += [own.effects_per_window or 0, own.rejections_per_window or 0]
+            caps.append(own.payload_bytes or 0)
+        return any(caps)
 
 
 Role = Literal["worker", "scheduler", "auditor", "admin"]

@@ -222,7 +222,7 @@ class StoreBase:
 
     async def _run_bounded(
         self, name: str, job: JobKeys, keys: Sequence[str], args: Sequence[str],
-        request_id: str, run_before_ms: int | None,
+        request_id: str, run_before_ms: int | None, after: Sequence[str] = (),
     ) -> list[Any]:  # fmt: skip
         """:meth:`_run` with a "run before" as the last argument (admit-6, relay-5: arriving
         later, the script does nothing: {11}); None: Redis's clock as estimated here plus the
@@ -234,7 +234,8 @@ class StoreBase:
             if fresh:
                 run_before_ms = self.redis_clock_ms() + self._request_ttl_ms
             try:
-                reply = await self._run(name, job, keys, (*args, str(run_before_ms)), request_id)
+                bounded = (*args, str(run_before_ms), *after)  # `after`: arguments past the bound
+                reply = await self._run(name, job, keys, bounded, request_id)
             except StoreUnavailable as exc:
                 exc.run_before_ms = run_before_ms
                 raise
@@ -465,8 +466,12 @@ class StoreBase:
         """Copy a job's audit entry into the tenant-wide feed (trimmed by age).
 
         Best effort: the entry is already in the job's stream, written atomically
-        with the decision, so a failed copy must not turn a true 409 into a 503.
+        with the decision, so a failed copy must not turn a true 409 into a 503. No
+        ``audit_id`` (a rejection the script did not audit: the tenant's rejections quota):
+        nothing to copy.
         """
+        if not audit_id:
+            return
         note_audit(self.audit_touched, keys, audit_id)
         entry = {
             "at": audit_id.split("-")[0],

@@ -43,6 +43,7 @@ from gateway.core.records import (
     EffectState,
     InProgress,
     JobView,
+    OverQuota,
     Queued,
     Registration,
     RelayClaim,
@@ -99,7 +100,7 @@ _DETAILS = {
     "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
 
-_REGISTERED_LAST = {0: 7, 2: 3, 4: 3}  # admit-6 replies ending with a registration's audit id
+_REGISTERED_LAST = {0: 7, 2: 3, 4: 3, 12: 3}  # admit-6 replies ending in a registration audit id
 
 
 class Store(RelayQueue, StoreReads):
@@ -288,12 +289,14 @@ class Store(RelayQueue, StoreReads):
         dispatch_id: str | None = None,
         by: str = "",
         run_before_ms: int | None = None,
+        closed: str = "",
     ) -> AdmitVerdict:
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
 
         ``dispatch_id`` is also the call's request id: sent again with the same one (its
         reply was lost), the admit answers what it answered the first time; ``run_before_ms``
         too (the first send's bound, see ``_run_bounded``: a copy arriving later does nothing).
+        ``closed``: the tenant's used-up quotas (admit-6's ARGV[18]) -> ``OverQuota``.
         """
         dispatch_id = dispatch_id or scripts._dispatch_id()
         reply = await self._run_bounded(
@@ -320,6 +323,7 @@ class Store(RelayQueue, StoreReads):
             ),
             dispatch_id,
             run_before_ms,
+            (closed,),
         )
         code = int(reply[0])
         if len(reply) == _REGISTERED_LAST.get(code) and reply[-1]:  # implicit registration
@@ -342,7 +346,9 @@ class Store(RelayQueue, StoreReads):
             return Queued("pending", generation)
         if code == 5:
             record = EffectRecord.from_flat(reply[1:])
-            return Queued(record.state, record.generation)
+            return Queued(record.state, record.generation, repeated=True)
+        if code == 12:
+            return OverQuota(str(reply[1]))  # a quota the caller said is used up (closed)
         if code == 10:
             raise StoreUnavailable("this call was given up before Redis ran it; nothing was done")
         raise await self._rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)

@@ -143,3 +143,23 @@ async def test_a_queued_step_whose_hint_was_lost_is_found_by_the_sweep(
     view = await wait_state(gw, "notify", "succeeded", job="early")
     assert view["attempts"] == 1
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["early:notify"]
+
+
+async def test_a_step_whose_claim_gets_no_verdict_is_not_picked_again_at_once(
+    gw: Gateway,
+) -> None:
+    """A hint stays due while its claim gets no verdict (its slot unavailable, or behind what
+    this gateway saw): the relay waits before picking it again (doubling, up to 5 s) instead of
+    re-claiming it on every turn of its loop."""
+    await gw.register("r", generation=1)
+    resp = await gw.effect("r", "notify", 1, adapter="dead", headers={"Prefer": "respond-async"})
+    assert resp.status == 202
+    await wait_state(gw, "notify", "released")  # tried once; due again in 1 s
+    store = gw.app[K.STORE]
+    store.slot_seen[JobKeys("default", "r").slot] = 2**62  # every script there: "behind"
+    await asyncio.sleep(1.2)
+    before = store.batcher.commands
+    await asyncio.sleep(2.0)
+    sent = store.batcher.commands - before
+    # a claim per backoff step (0.25, 0.5, 1 s) and the loop's idle polls; not one per turn
+    assert sent < 100, f"{sent} Redis commands in 2 s for one step that cannot be claimed"

@@ -26,6 +26,10 @@
     ARGV[17] run before, ms on Redis's clock ('' for no bound): arriving later, the admit does
              nothing ({11}); the gateway gives an admit up only after this, and its void
              marker lives until this at least (void-4)
+    ARGV[18] the tenant's quotas that are used up (gateway.fencing.quotas), letters: 'e' no new
+             dispatch or queue entry (effects_per_window), 'p' no new queue entry
+             (payload_bytes; ARGV[14] is then a placeholder, never stored), 'r' a rejection
+             is answered but not audited (rejections_per_window); '' none
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
@@ -40,6 +44,9 @@
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
     {10}                     voided: the gateway gave this request up before it ran
     {11, now_ms}             too late: it arrived after ARGV[17]; nothing was done
+    {12, quota, registered_audit_id}
+                             the call would pin, queue or claim the step and that quota is
+                             used up (ARGV[18]): nothing changed (but an implicit raise)
 
   A completed job (field 'completed' of the job hash, see complete-3.lua) takes no new
   dispatch from any generation: a call that would pin, queue or claim the step is
@@ -69,9 +76,11 @@ local now = now_ms()
 local run_before = tonumber(ARGV[17] or '')
 if run_before and now > run_before then return {11, fmt(now)} end
 local member = ARGV[15]
+local closed = ARGV[18] or ''
 local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[8], now = now,
   tenant = ARGV[13], job_id = ARGV[10], step = ARGV[11], presented = ARGV[1],
-  worker_id = ARGV[12], adapter = ARGV[4], mode = ARGV[2], by = ARGV[16] or ''},
+  worker_id = ARGV[12], adapter = ARGV[4], mode = ARGV[2], by = ARGV[16] or '',
+  unaudited = string.find(closed, 'r', 1, true) ~= nil},
   {'cancelled', 'stale'})
 if g.reply then return g.reply end
 local fence = g.fence
@@ -91,6 +100,20 @@ local fx = redis.call('HMGET', KEYS[2], 'state', 'intent_sha256', 'deadline', 'd
   'generation', 'relay', 'resolving', 'worker_id', 'adapter')
 local state = fx[1]
 local superseded = ''
+local dirty = false  -- this call changed the step already (a dispatch past its deadline)
+
+-- the quota a call that would pin (queues: async, with its payload) or claim the step runs
+-- into, or nil. Checked before anything of the step is written: a refused call changes nothing.
+local function over(queues)
+  if string.find(closed, 'e', 1, true) then return 'effects_per_window' end
+  if queues and string.find(closed, 'p', 1, true) then return 'payload_bytes' end
+  return nil
+end
+
+local function refuse(quota)
+  if dirty then return done({12, quota, registered}) end
+  return answer({12, quota, registered})
+end
 
 local function touch()
   redis.call('EXPIRE', KEYS[2], ARGV[8])
@@ -100,6 +123,8 @@ end
 
 local function claim(resolving)
   if completed() then return reject('job_completed') end
+  local quota = over(false)
+  if quota then return refuse(quota) end
   local deadline = now + tonumber(ARGV[7])
   redis.call('HSET', KEYS[2], 'state', 'dispatching', 'intent_sha256', ARGV[3],
     'adapter', ARGV[4], 'operation', ARGV[5], 'dispatch_id', ARGV[6],
@@ -138,14 +163,22 @@ end
 
 if not state then
   if completed() then return reject('job_completed') end
+  local quota = over(ARGV[14] ~= '')
+  if quota then return refuse(quota) end
   redis.call('HSET', KEYS[2], 'created_at', fmt(now))
   return pin()
 end
 -- released: known not delivered; the current generation may re-pin the step
-if state == 'released' then return pin() end
+if state == 'released' then
+  local quota = over(ARGV[14] ~= '')
+  if quota then return refuse(quota) end
+  return pin()
+end
 
 if state == 'pending' and (tonumber(fx[5]) or 0) < gen then
   if completed() then return reject('job_completed') end
+  local quota = over(ARGV[14] ~= '')
+  if quota then return refuse(quota) end
   -- queued by an older generation and never claimed: nothing was sent. Supersede it.
   superseded = audit(KEYS[3], KEYS[1], ARGV[8], now, {
     'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', 'superseded',
@@ -182,6 +215,7 @@ if state == 'dispatching' then
   index(KEYS[6], member, 'unknown', fmt(now))
   state = 'unknown'
   marked = true
+  dirty = true
 end
 
 if state == 'unknown' then

@@ -9,6 +9,8 @@
   call: the call's identity (see includes/reject), plus
     mode  'required' | 'implicit' (fencing.registration)
     by    who calls (the key's name, else its role): recorded with an implicit raise
+    unaudited  true: a rejection is answered ({9, ..., audit_id ''}) but not audited (the
+          tenant's rejections quota is used up; admit-6 only)
   order: the checks made first, in the order the script documents, from
     'cancelled'  the job was cancelled                         -> job_cancelled
     'stale'      the generation presented is below the fence   -> stale_generation
@@ -48,6 +50,11 @@ local function fence_guard(call, order, on_completed)
     return completed
   end
   function g.reject(reason, pinned)
+    if call.unaudited then  -- answered, not audited (the tenant's rejections quota is spent)
+      local reply = {9, reason, call.presented, fmt(g.fence), '', pinned or ''}
+      if g.raised then return done(reply) end
+      return reply
+    end
     return reject_call(call, reason, g.fence, pinned)
   end
 
