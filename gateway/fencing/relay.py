@@ -177,7 +177,7 @@ class Relaying(Dispatcher):
         if claim is None:
             return False
         if isinstance(claim, str):  # nothing to send: the step left the queue
-            if claim in ("superseded", "lease_expired", "cancelled", "unbound"):
+            if claim in ("superseded", "lease_expired", "cancelled", "job_completed", "unbound"):
                 self._metrics.relay_not_sent.labels(claim).inc()
                 log.info("relay_not_sent", key=f"{keys.job_id}:{step}", why=claim)
             await self._store.relay_unhint(keys, step)

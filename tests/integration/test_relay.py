@@ -163,3 +163,35 @@ async def test_a_step_whose_claim_gets_no_verdict_is_not_picked_again_at_once(
     sent = store.batcher.commands - before
     # a claim per backoff step (0.25, 0.5, 1 s) and the loop's idle polls; not one per turn
     assert sent < 100, f"{sent} Redis commands in 2 s for one step that cannot be claimed"
+
+
+async def test_a_completed_jobs_queued_step_is_released_not_retried_forever(
+    gw: Gateway, upstream: Upstream, redis_sync: Any
+) -> None:
+    """An async step the downstream refused is retried by the relay; once the job completes it
+    takes no new dispatch: the next claim releases the step (audited `job_completed`) and the
+    relay stops sending it."""
+    await gw.register("r", generation=1)
+    upstream.behaviour = 429  # refused: not processed, released and retried
+    assert (await gw.effect("r", "notify", 1, headers=ASYNC)).status == 202
+    await upstream.arrived.wait()
+    await wait_state(gw, "notify", "released")
+    done = await gw.client.post(
+        "/v1/jobs/r/complete", json={"result": {"ok": True}}, headers={"Fencing-Token": "1"}
+    )
+    assert done.status in (200, 201), await done.text()
+    keys = JobKeys("default", "r")
+    for _ in range(250):  # the relay's next turn (retry delay ~1 s)
+        if redis_sync.zscore(keys.relayq, keys.member("notify")) is None:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the completed job's step stayed queued")
+    sent = len(upstream.received)
+    upstream.behaviour = "ok"
+    await asyncio.sleep(2.5)  # two more retry turns, had it stayed queued
+    assert len(upstream.received) == sent, "the relay sent a step of a completed job"
+    view = await (await gw.client.get("/v1/jobs/r/effects/notify")).json()
+    assert view["state"] == "released"
+    reasons = [e.get("reason") for e in await gw.audit(job_id="r")]
+    assert "job_completed" in reasons

@@ -18,13 +18,14 @@
     {0, dispatch_id, generation, adapter, operation, payload, deadline_ms}   claimed
     {2, deadline_ms}   another dispatch holds the step: look again after its deadline
     {3, why, audit_id} nothing to send; the step left the queue. why: its state (done,
-                       resolved, re-pinned), 'unqueued', 'cancelled', 'superseded' (below
-                       the fence: released, audited), 'lease_expired' (released, audited),
+                       resolved, re-pinned), 'unqueued', 'cancelled', 'job_completed'
+                       (released, audited), 'superseded' (below the fence: released,
+                       audited), 'lease_expired' (released, audited),
                        'unbound' (the payload is not the pinned intent's: released)
     {11, now_ms}       too late: it arrived after ARGV[8]; nothing was done
 
-  The claim re-checks, atomically, what the admit checked: the job is not cancelled,
-  the step's generation is the fence, its lease has not run out, and the stored
+  The claim re-checks, atomically, what the admit checked: the job is not cancelled nor
+  completed, the step's generation is the fence, its lease has not run out, and the stored
   payload belongs to the pinned intent. A step that fails a check is never sent.
   Every state change of the step updates the slot's "needs a decision" index (index()).
 ]]
@@ -78,6 +79,11 @@ local fence = tonumber(job[1]) or 0
 local gen = tonumber(fx[3]) or 0
 if job[2] == '1' then
   return release('job cancelled before the relay performed it', 'cancelled')
+end
+-- a completed job takes no new dispatch (as in admit-6): its queued or retried steps end
+if redis.call('HEXISTS', KEYS[2], 'completed') == 1 then
+  return release('the job completed before the relay performed it', 'job_completed',
+    'job_completed', fmt(fence))
 end
 if gen < fence then
   return release('superseded by generation ' .. fmt(fence) .. ' before the relay sent it',
