@@ -26,6 +26,7 @@ from gateway import __version__
 from gateway.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_RUNTIME, _init, _settings, log
 from gateway.runtime.logging import configure_logging
 from gateway.runtime.settings import Settings, read_secret
+from gateway.store.durability import settings_problems
 from gateway.store.embedded import EmbeddedRedis, EmbeddedRedisError, die_with_parent
 
 if TYPE_CHECKING:
@@ -87,15 +88,7 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
         return True
     finally:
         client.close()
-    problems = []
-    if aof != "yes":
-        problems.append(f"appendonly is {aof!r} (need 'yes')")
-    if fsync != "always":
-        # everysec: an acknowledged write (a registration, a recorded outcome) can be lost
-        # in the last second before a crash of the host
-        problems.append(f"appendfsync is {fsync!r} (need 'always')")
-    if policy != "noeviction":
-        problems.append(f"maxmemory-policy is {policy!r} (need 'noeviction')")
+    problems = settings_problems(aof, fsync, policy)
     if not problems:
         return True
     detail = (

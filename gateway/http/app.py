@@ -234,6 +234,9 @@ def create_app(
                 await asyncio.sleep(settings.redis.epoch_interval_seconds)
                 with contextlib.suppress(StoreUnavailable):
                     await store.heartbeat_epoch()
+                if settings.redis.url and not settings.redis.allow_volatile:
+                    with contextlib.suppress(StoreUnavailable):
+                        await store.check_durability()  # changed since the start?
 
         async def marks() -> None:
             while True:

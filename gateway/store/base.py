@@ -90,6 +90,9 @@ class StoreBase:
             f"{socket.gethostname()}:{where}".encode(), usedforsecurity=False
         ).hexdigest()[:16]
         self._going_back: asyncio.Task[None] | None = None
+        # what the last periodic check found wrong with Redis's durability settings
+        # (appendonly, appendfsync, maxmemory-policy); None: not checked, or waived
+        self.durability_problems: list[str] | None = None
         self._persisted: dict[int, int] = {}  # the marks the state file held at the last write
         # the detail of a 503 for a missing slot marker (a Redis never initialised: UNINITIALISED)
         self.marker_missing_detail = MARKER_MISSING
@@ -418,10 +421,34 @@ class StoreBase:
                 self.slot_seen.raise_to(slot, counter)
         return True
 
+    async def check_durability(self) -> list[str] | None:
+        """Read Redis's durability settings again (every ``redis.epoch_interval_seconds``): a
+        Redis switched to ``appendfsync everysec`` (or eviction, or no AOF) while serving is
+        logged on every transition and makes ``/readyz`` 503 (``durable``). Verdicts go on: a
+        write it then loses in a crash is caught by the marks and the witness (quarantine),
+        not silently. Not on a cluster (checked per node at start)."""
+        if self.cluster:
+            return None
+        problems = await self._guard(lambda: durability.durability_settings(self._client))
+        before = self.durability_problems
+        self.durability_problems = problems
+        if problems and problems != before:
+            log.error(
+                "redis_not_durable",
+                detail="; ".join(problems)
+                + ": a restart, a crash or an eviction would lose fences; fix Redis",
+                while_serving=True,
+            )
+        elif before and not problems:
+            log.info("redis_durable_again")
+        return problems
+
     async def ready(self) -> dict[str, bool]:
         """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
         a write (a probe key with a TTL: not ready while Redis is out of memory)."""
         checks = {"redis": False, "scripts": False, "marker": False, "writable": False}
+        if self.durability_problems:
+            checks["durable"] = False
         acking = self._batcher.ack is not None
         if acking:  # replicas_acked: the probe write must be acknowledged by the replicas too
             checks["replicas_acked"] = False

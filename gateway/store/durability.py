@@ -36,6 +36,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
+from redis.exceptions import ResponseError
 
 from gateway.store import anchor_check, statefile
 from gateway.store.anchor_check import AnchorCheck
@@ -114,6 +115,34 @@ async def initialize(
     if state_file is not None:
         statefile.update(state_file, epoch=epoch, initialised=True, reset=True)
     return "written"
+
+
+def settings_problems(aof: str | None, fsync: str | None, policy: str | None) -> list[str]:
+    """What keeps a Redis from keeping fences across restarts: its ``appendonly``,
+    ``appendfsync`` and ``maxmemory-policy`` (checked at start and every epoch interval)."""
+    problems = []
+    if aof != "yes":
+        problems.append(f"appendonly is {aof!r} (need 'yes')")
+    if fsync != "always":
+        # everysec: an acknowledged write (a registration, a recorded outcome) can be lost
+        # in the last second before a crash of the host
+        problems.append(f"appendfsync is {fsync!r} (need 'always')")
+    if policy != "noeviction":
+        problems.append(f"maxmemory-policy is {policy!r} (need 'noeviction')")
+    return problems
+
+
+async def durability_settings(client: aioredis.Redis) -> list[str] | None:
+    """:func:`settings_problems` of this Redis now; None when ``CONFIG GET`` is not permitted."""
+    try:
+        values = {}
+        for name in ("appendonly", "appendfsync", "maxmemory-policy"):
+            values[name] = (await client.config_get(name)).get(name)
+    except ResponseError:
+        return None
+    return settings_problems(
+        values["appendonly"], values["appendfsync"], values["maxmemory-policy"]
+    )
 
 
 def max_mark(seen: Mapping[int, int] | None) -> int:

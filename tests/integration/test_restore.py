@@ -8,6 +8,7 @@ loopback receiver that counts what it is sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import os
@@ -302,3 +303,32 @@ def test_restored_backup_refused_after_serve_workers_were_killed(tmp_path: Path)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+async def test_a_redis_made_volatile_while_serving_is_noticed_by_the_periodic_check(
+    gateways: Any, durable: DurableRedis
+) -> None:
+    """`CONFIG SET appendfsync everysec` after the start: the next periodic check logs
+    `redis_not_durable` and `/readyz` turns 503 (`durable`); set back, it is ready again."""
+    gw: Gateway = await gateways(epoch_interval_seconds=0.1)
+    c = durable.client()
+    assert (await gw.client.get("/readyz")).status == 200
+    c.config_set("appendfsync", "everysec")
+    try:
+        for _ in range(100):
+            ready = await gw.client.get("/readyz")
+            if ready.status == 503:
+                break
+            await asyncio.sleep(0.05)
+        body = await ready.json()
+        assert ready.status == 503 and body["checks"]["durable"] is False, body
+        assert (await gw.register("r", generation=1)).status == 201  # verdicts go on
+    finally:
+        c.config_set("appendfsync", "always")
+    for _ in range(100):
+        if (await gw.client.get("/readyz")).status == 200:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("not ready again after appendfsync always")
+    c.close()
