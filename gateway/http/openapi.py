@@ -41,6 +41,11 @@ _STATUS_TEXT = {
 _HEADERS = {
     "Fencing-Token": ("The generation (unsigned mode) or a signed token", True),
     "Worker-Id": ("Recorded in the audit log and logs", False),
+    "Idempotency-Key": (
+        "A registration re-sent with the same key (within redis.request_memory_seconds) "
+        "answers the first one's generation instead of allocating another",
+        False,
+    ),
     "Prefer": (
         "RFC 7240 preferences; the respond-async token (case-insensitive, any position in "
         "the list, any Prefer line): record the step and return 202; the relay performs it",

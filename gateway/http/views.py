@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -77,7 +79,11 @@ async def register_generation(request: web.Request) -> web.Response:
     keys, principal = _job_as(request, "scheduler")
     body: RegisterBody = await _body(request, RegisterBody, empty_ok=True)
     reg = await request.app[K.STORE].register(
-        keys, body.generation, body.lease_ms, by=principal.who
+        keys,
+        body.generation,
+        body.lease_ms,
+        by=principal.who,
+        request_id=_idempotent_request(request),
     )
     bind(generation=reg.generation)
     request.app[K.METRICS].registrations.labels("created" if reg.created else "current").inc()
@@ -90,6 +96,20 @@ async def register_generation(request: web.Request) -> web.Response:
         lease_expires_at=iso_ms(reg.lease_expires_at_ms),
     )
     return respond(out, 201 if reg.created else 200)
+
+
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def _idempotent_request(request: web.Request) -> str | None:
+    """The request id of a registration sent with ``Idempotency-Key`` (a scheduler's retry of
+    an allocation gets the generation the first one allocated, not another); None without."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise InvalidRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
+    return "idem-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 async def heartbeat(request: web.Request) -> web.Response:
@@ -276,6 +296,7 @@ ROUTES: tuple[Route, ...] = (
         "Register a generation at takeover (omit `generation` to allocate the next one)",
         roles=("scheduler",),
         body=RegisterBody,
+        headers=("Idempotency-Key",),
         responses={201: GenerationOut, 200: GenerationOut},
         problems=(400, 401, 403, 409, 413, 415, 503),
     ),

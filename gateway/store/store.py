@@ -151,9 +151,17 @@ class Store(RelayQueue, StoreReads):
         return _REJECTIONS[reason](detail, **fields)
 
     async def register(
-        self, keys: JobKeys, generation: int | None, lease_ms: int | None, *, by: str = ""
+        self,
+        keys: JobKeys,
+        generation: int | None,
+        lease_ms: int | None,
+        *,
+        by: str = "",
+        request_id: str | None = None,
     ) -> Registration:
-        """Register a generation (a new one is audited with ``by``, who registered it)."""
+        """Register a generation (a new one is audited with ``by``, who registered it).
+        ``request_id``: a re-send with the same one answers the first one's registration
+        (within ``redis.request_memory_seconds``) instead of allocating another."""
         reply = await self._run(
             "register-2",
             keys,
@@ -167,6 +175,7 @@ class Store(RelayQueue, StoreReads):
                 str(MAX_GENERATION),
                 by,
             ),
+            request_id,
         )
         if int(reply[0]) == 9:
             raise await self._rejected(keys, reply)

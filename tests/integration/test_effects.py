@@ -345,3 +345,29 @@ async def test_payloads_mean_the_same_whichever_json_parser_reads_them(
         assert (await resp.json())["replayed"] is replayed
     assert len(upstream.received) == 1
     assert upstream.received[0].json()["v"] == value
+
+
+async def test_an_allocation_resent_with_its_idempotency_key_gets_the_same_generation(
+    gw: Gateway,
+) -> None:
+    """A scheduler whose allocation timed out retries it: with the same `Idempotency-Key` the
+    retry answers the generation the first allocated, so no generation nobody holds is made."""
+    first = await gw.client.post(
+        "/v1/jobs/alloc/generations", json={}, headers={"Idempotency-Key": "takeover-7"}
+    )
+    again = await gw.client.post(
+        "/v1/jobs/alloc/generations", json={}, headers={"Idempotency-Key": "takeover-7"}
+    )
+    assert first.status == again.status == 201
+    assert (await first.json())["generation"] == (await again.json())["generation"] == 1
+    fresh = await gw.client.post(
+        "/v1/jobs/alloc/generations", json={}, headers={"Idempotency-Key": "takeover-8"}
+    )
+    assert (await fresh.json())["generation"] == 2
+    view = await (await gw.client.get("/v1/jobs/alloc")).json()
+    assert view["fence"] == 2
+    bad = await gw.client.post(
+        "/v1/jobs/alloc/generations", json={}, headers={"Idempotency-Key": "has space"}
+    )
+    assert bad.status == 400 and (await bad.json())["code"] == "invalid_request"
+    assert (await (await gw.client.get("/v1/jobs/alloc")).json())["fence"] == 2
