@@ -139,13 +139,15 @@ class Report:
     seconds: float = 0.0
     violations: dict[tuple[str, str], Violation] = field(default_factory=dict)
     truncated: bool = False
+    quarantined: int = 0  # states in which Redis is quarantined (fg:quarantine)
 
     def summary(self) -> str:
         v = ", ".join(sorted({i for i, _ in self.violations})) or "none"
         cut = " (TRUNCATED)" if self.truncated else ""
+        q = f", {self.quarantined} quarantined" if self.quarantined else ""
         return (
             f"{self.scenario}: {self.states} states, {self.transitions} transitions, "
-            f"{self.checks} invariant checks, {self.quiescent} quiescent, depth {self.depth}, "
+            f"{self.checks} invariant checks, {self.quiescent} quiescent{q}, depth {self.depth}, "
             f"{self.seconds:.1f} s{cut}; violations: {v}"
         )
 
@@ -587,6 +589,7 @@ class Explorer:
                         continue
                     seen.add(k2)
                     parent[k2] = (key, self.label(m, fx))
+                    rep.quarantined += "fg:quarantine" in raw2["keys"]
                     if broken and not keep_going:
                         continue
                     nxt.append((k2, snap, w2, raw2, (*path, m.mid)))
@@ -769,7 +772,14 @@ RESTORE_SYNC = Scenario(
 )
 RESTORE = (
     replace(RESTORE_SYNC, name="restore-sync-shared", marks="shared"),
-    replace(RESTORE_SYNC, name="restore-sync-hosts-witness", marks="hosts", witness=True),
+    # the smallest form of hole 2: A alone on P2, the witness of each data dir ticking
+    replace(
+        RESTORE_SYNC,
+        name="restore-min-hosts-witness",
+        workers=(A1_SYNC,),
+        marks="hosts",
+        witness=True,
+    ),
 )
 # the relay of P2 sends A's async call; the downstream may refuse (a retry after the restore)
 RESTORE_ASYNC = Scenario(
@@ -783,6 +793,7 @@ RESTORE_ASYNC = Scenario(
 )
 RESTORE_LARGE = (
     *RESTORE,
+    replace(RESTORE_SYNC, name="restore-sync-hosts-witness", marks="hosts", witness=True),
     replace(RESTORE_ASYNC, name="restore-async-shared", marks="shared"),
     replace(RESTORE_ASYNC, name="restore-async-hosts-witness", marks="hosts", witness=True),
     replace(RESTORE_SYNC, name="restore-sync-shared-operator", marks="shared", resolves=1,
