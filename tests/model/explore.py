@@ -796,8 +796,14 @@ RESTORE_LARGE = (
     replace(RESTORE_SYNC, name="restore-sync-hosts-witness", marks="hosts", witness=True),
     replace(RESTORE_ASYNC, name="restore-async-shared", marks="shared"),
     replace(RESTORE_ASYNC, name="restore-async-hosts-witness", marks="hosts", witness=True),
-    replace(RESTORE_SYNC, name="restore-sync-shared-operator", marks="shared", resolves=1,
-            outcomes=("ok", "timeout"), on_p2=("A", "operator")),  # fmt: skip
+    replace(
+        RESTORE_SYNC,
+        name="restore-sync-shared-operator",
+        marks="shared",
+        resolves=1,
+        outcomes=("ok", "timeout"),
+        on_p2=("A", "operator"),
+    ),
 )
 
 BOUNDS: dict[str, tuple[Scenario, ...]] = {

@@ -128,11 +128,11 @@ def ack_holds(ack: tuple[Any, ...], raw: dict[str, Any]) -> bool:
     """Whether Redis (a raw state) still holds an acknowledged verdict."""
     job = raw["job"]
     if ack[0] == "fx":
-        return raw["fx"][ack[1]].get("state", "(none)") == ack[2]
+        return bool(raw["fx"][ack[1]].get("state", "(none)") == ack[2])
     if ack[0] == "fence":
-        return int(job.get("fence") or 0) >= ack[1]
+        return int(job.get("fence") or 0) >= int(ack[1])
     if ack[0] == "cancelled":
-        return job.get("cancelled") == "1"
+        return bool(job.get("cancelled") == "1")
     return True
 
 

@@ -9,9 +9,9 @@ hole it re-opens. See tests/model/README.md for what it found on d36082e.
 
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import replace
+
+import pytest
 
 from tests.model.explore import (
     DEFAULT,
