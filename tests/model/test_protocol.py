@@ -191,4 +191,4 @@ def test_restore_with_the_witness_leaves_only_the_window_before_a_detecting_tick
     assert restore_found(rep, "before any witness tick"), render([rep])
     assert not restore_found(rep, "after a detecting witness tick"), render([rep])
     assert rep.quarantined > 0, rep.summary()
-    assert not [v for v in rep.violations if v[0] in ("I-closed", "I-no-false-quarantine")]
+    assert not rep.unexpected() and not rep.missing(), render([rep])
