@@ -25,17 +25,29 @@ way time passes: it fires every timer at once (:meth:`Driver.advance`: stored
 deadlines into the past, every future queue score and hint due; the gateway
 side marks its in-flight deadlines passed and its sweep due). Queue scores
 enter the state as due / later, so runs are exact and reproducible.
+
+Processes and restores (issue 21). The actors may run on two gateway processes, each with its
+own :class:`gateway.store.store.Store` and its own :class:`gateway.store.marks.SlotMarks`
+(``marks``: ``shared`` -- both on one data dir, one memory-mapped marks file; ``hosts`` -- one
+data dir each, with the per-data-dir witness of :meth:`StoreBase.witness`; ``own`` -- the
+store of 4a7c224: each process's marks in its memory only, and a ``behind`` reply refused
+without the quarantine). The marks are part of the explored state: the explorer sets them
+before every step (:meth:`Driver.set_marks`) and reads them after it (:meth:`Driver.get_marks`),
+as it puts Redis back from a snapshot.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import re
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -43,6 +55,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+import gateway.store.durability as durability_module
 import gateway.store.scripts as store_module
 from gateway.core.errors import (
     EffectNotUnknown,
@@ -54,7 +67,8 @@ from gateway.core.errors import (
 from gateway.core.intents import intent_digest
 from gateway.core.records import Admitted, InProgress, Queued, RelayClaim, Replay
 from gateway.core.records import Unknown as UnknownVerdict
-from gateway.store.keys import JobKeys, needs_hint, relay_hint
+from gateway.store.keys import MARKER, QUARANTINE, JobKeys, needs_hint, relay_hint
+from gateway.store.marks import MARKS_FILE, SlotMarks
 from gateway.store.store import Store
 
 TENANT, JOB = "t", "j"
@@ -70,6 +84,10 @@ CLAIM_TRIES = 3  # _claim: (0.0, 0.05, 0.2), then void
 RELAY_PER_TENANT = 16  # relay_forever(per_tenant=16)
 RETENTION_S = 7 * 86_400
 REQUEST_MEMORY_S = 3600  # redis.request_memory_seconds: no remembered reply expires in a run
+BASELINE = "model-baseline"  # the durability marker's id (fencegate init writes one)
+# StoreBase.witness: the witness key's baseline, a hash of the durability marker's id
+WITNESS_BASE = int(hashlib.sha1(BASELINE.encode(), usedforsecurity=False).hexdigest()[:15], 16)
+MARKS = ("shared", "hosts", "own")  # see the module doc
 
 
 def now_ms() -> int:
@@ -116,6 +134,9 @@ class Auth:
     pinned: str  # the step's intent_sha256 right after the authorising script
     was: str = ""  # the step's state right before it ("-" : no record)
     resolved: bool = False  # an operator had resolved the step before it
+    acked: int = 0  # the highest generation whose register was acknowledged before it ran
+    phase: str = ""  # where it ran: "" (no restore yet), or "on the restored Redis, ..."
+    quarantined: bool = False  # Redis was quarantined (fg:quarantine) when it ran
 
     @property
     def what(self) -> str:
@@ -223,9 +244,11 @@ class Wire:
         self.mode = "ok"
         self.replies: list[tuple[str, str, list[Any]]] = []  # (script, request id, reply)
         self.resends: list[Resend] = []
-        # request id -> (fence, cancelled, pinned intent, state before, resolved before) as
-        # the first run of an admit / relay claim saw them (ids are unique in a run)
-        self.ran: dict[str, tuple[int, bool, str, str, bool]] = {}
+        # request id -> (fence, cancelled, pinned intent, state before, resolved before,
+        # acknowledged fence, phase, quarantined) as the first run of an admit / relay claim
+        # saw them (ids are unique in a run)
+        self.ran: dict[str, tuple[int, bool, str, str, bool, int, str, bool]] = {}
+        self.context: tuple[int, str] = (1, "")  # (acknowledged fence, phase): the explorer's
 
     def _eval(self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]) -> Any:
         name = self.names.get(sha, sha)
@@ -233,6 +256,7 @@ class Wire:
         fx = {"admit-6": keys[1], "relay-5": keys[0]}.get(name)
         if fx and rid not in self.ran:  # what the authorising run sees before it runs
             state, resolved = self.r.hmget(fx, "state", "resolved_by")
+            quarantined = bool(self.r.exists(QUARANTINE))
         try:
             reply = self.r.evalsha(sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -246,7 +270,7 @@ class Wire:
             pipe.hget(fx, "intent_sha256")
             (fence, cancelled), pinned = pipe.execute()
             self.ran[rid] = (int(fence or 0), cancelled == "1", pinned or "", state or "-",
-                             bool(resolved))  # fmt: skip
+                             bool(resolved), *self.context, quarantined)  # fmt: skip
         self.replies.append((name, rid, reply[1:]))  # {seq, code, ...}
         return reply
 
@@ -315,7 +339,15 @@ def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
 class Driver:
     """A real Store on a real Redis, and the step functions of every actor."""
 
-    def __init__(self, url: str, *, dedupes: bool, steps: Sequence[str]) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        dedupes: bool,
+        steps: Sequence[str],
+        processes: int = 1,
+        marks: str = "shared",
+    ) -> None:
         self.r = redis.Redis.from_url(url, decode_responses=True)
         # DUMP payloads are bytes: decoded with surrogateescape they survive the round trip
         # as str (and hiredis does the decoding)
@@ -325,23 +357,57 @@ class Driver:
         self._read_sha = self.rb.script_load(_READ_LUA)
         self._restore_sha = self.rb.script_load(_RESTORE_LUA)
         self.aclient = aioredis.Redis.from_url(url, decode_responses=True)
-        self.store = Store(
-            self.aclient,
-            registration="required",
-            dispatch_timeout_ms=REDIS_DISPATCH_MS,
-            retention_seconds=RETENTION_S,
-            request_memory_seconds=REQUEST_MEMORY_S,
-        )
+        if marks not in MARKS:
+            raise ValueError(f"marks: one of {MARKS}")
+        self.marks_mode = marks
+        # The data dirs: one for every process (hosts, own) or one for all (shared). A marks
+        # file per data dir, and a reader of it with no marks of its own (its shared part).
+        self._dirs = tempfile.TemporaryDirectory(prefix="fencegate-model-marks-")
+        n_dirs = 1 if marks == "shared" else processes
+        self.dir_of = [0 if marks == "shared" else p for p in range(processes)]
+        paths = [Path(self._dirs.name) / f"dir{i + 1}" / MARKS_FILE for i in range(n_dirs)]
+        self.readers = [SlotMarks(path) for path in paths] if marks != "own" else []
+        self.stores: list[Store] = []
+        for p in range(processes):
+            store = Store(
+                self.aclient,
+                registration="required",
+                dispatch_timeout_ms=REDIS_DISPATCH_MS,
+                retention_seconds=RETENTION_S,
+                request_memory_seconds=REQUEST_MEMORY_S,
+            )
+            # the marks as StoreBase builds them from a state file in the data dir (a store
+            # without one has marks of its own only: what every store of 4a7c224 had)
+            store.slot_seen = SlotMarks(paths[self.dir_of[p]] if marks != "own" else None)
+            store.host_id = f"dir{self.dir_of[p] + 1}"  # the witness key's data dir
+            if marks == "own":  # 4a7c224: a 'behind' reply refused the call, nothing more
+                store.went_back = _refuse_only  # type: ignore[method-assign]
+            self.stores.append(store)
+        self.store = self.stores[0]  # the store of the actor whose step runs (use())
         self.steps = tuple(steps)
         self.dedupes = dedupes  # the adapter's capabilities: dedupes_by_key, no lookup
         names = {sha: name for name, sha in self.store._shas.items()}
         self.wire = Wire(self.r, names, self.raw_state)
-        self.store._batcher = self.wire  # type: ignore[assignment]
+        for store in self.stores:
+            store._batcher = self.wire  # type: ignore[assignment]
         # Dispatch and request ids: unique per run and recognisable (the explorer names them
         # by the actor that holds them).
         self._ids = itertools.count(1)
         self._saved_id = store_module._dispatch_id
         store_module._dispatch_id = self.new_id
+        # A quarantine deletes every slot's marker; the model's Redis holds the job slot's
+        # only, and DEL of the 16,383 absent ones (50 ms) changes nothing: they are skipped.
+        self._saved_delete = durability_module.delete_slots
+        saved, marker = self._saved_delete, KEYS.marker
+
+        async def delete_slots(client: Any, keys: Sequence[str]) -> None:
+            if marker in keys:
+                await saved(client, [marker])
+
+        durability_module.delete_slots = delete_slots
+        # ... and the names of the 16,384 markers it builds are the same every time (20 ms)
+        self._saved_marker = durability_module.slot_marker
+        durability_module.slot_marker = functools.cache(self._saved_marker)
 
     def new_id(self) -> str:
         return f"d-{next(self._ids)}"
@@ -353,9 +419,14 @@ class Driver:
             raise LookupError(f"{old!r} is not in {script}: update the mutation")
         src = src.replace(old, new)
         sha = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
-        self.store._sources[script] = src
-        self.store._shas[script] = sha
+        for store in self.stores:
+            store._sources[script] = src
+            store._shas[script] = sha
         self.wire.names[sha] = script
+
+    def use(self, process: int) -> None:
+        """The next step runs on this gateway process (its store, its marks)."""
+        self.store = self.stores[process]
 
     async def setup(self) -> None:
         """The initial state: the slot's durability marker, generation 1 registered."""
@@ -363,16 +434,86 @@ class Driver:
         if old:
             self.r.delete(*old)
         self.r.set(KEYS.marker, "1")
-        self.before_step()
+        self.r.set(MARKER, BASELINE)  # the witness's baseline (no script reads it)
+        self.set_marks(self.zero_marks())
+        self.use(0)
         await self.store.register(KEYS, 1, None)
 
-    def before_step(self) -> None:
-        # The store's high-water mark of the slot counter is gateway memory; exploring goes
-        # back to earlier states on purpose (a restore is not a lost write here).
-        self.store.slot_seen.clear()
+    # -- the marks of every process: part of the explored state --------------------------
+    # (per process: its own mark of the job's slot, the latch and the witness it records
+    # when it has no data dir; per data dir: the shared mark, the latch, the witness)
+
+    def zero_marks(self) -> tuple[Any, ...]:
+        return (((0, 0, 0),) * len(self.stores), ((0, 0, 0),) * len(self.readers))
+
+    def get_marks(self) -> tuple[Any, ...]:
+        slot = KEYS.slot
+        own = tuple(
+            (s.slot_seen.own.get(slot, 0), s.slot_seen.latched_at_ms,
+             s.slot_seen.witness(WITNESS_BASE)) if s.slot_seen.path is None
+            else (s.slot_seen.own.get(slot, 0), 0, 0)
+            for s in self.stores
+        )  # fmt: skip
+        shared = tuple(
+            (m.get(slot), m.latched_at_ms, m.witness(WITNESS_BASE)) for m in self.readers
+        )
+        return own, shared
+
+    def set_marks(self, marks: tuple[Any, ...]) -> None:
+        """Put every process's marks back as :meth:`get_marks` read them."""
+        slot = KEYS.slot
+        own, shared = marks
+        for m, (mark, latch, wit) in zip(self.readers, shared, strict=True):
+            m.reset()
+            if mark:
+                m.raise_to(slot, mark)
+            m.own.clear()
+            if latch:
+                m.latch(latch)
+            if wit:
+                m.record_witness(WITNESS_BASE, wit)
+        for store, (mark, latch, wit) in zip(self.stores, own, strict=True):
+            m = store.slot_seen
+            if m.path is None:
+                m.reset()
+                if latch:
+                    m.latch(latch)
+                if wit:
+                    m.record_witness(WITNESS_BASE, wit)
+            m.own = {slot: mark} if mark else {}
+
+    def presented(self, marks: tuple[Any, ...]) -> list[tuple[int, int]]:
+        """Per process: (its own mark, its data dir's shared mark; 0 without one)."""
+        own, shared = marks
+        return [
+            (own[p][0], shared[self.dir_of[p]][0] if self.readers else 0)
+            for p in range(len(self.stores))
+        ]
+
+    def witness_recorded(self, marks: tuple[Any, ...]) -> list[int]:
+        """Per data dir: the highest witness value its processes recorded."""
+        own, shared = marks
+        if self.readers:
+            return [w for _, _, w in shared]
+        return [w for _, _, w in own]
+
+    async def witness_tick(self, process: int) -> Effects:
+        """The marks task's witness (StoreBase.witness, every redis.marks_interval_seconds)."""
+        try:
+            ok = await self.stores[process].witness()
+        except StoreUnavailable:
+            return Effects("witness: 503")
+        return Effects("witness: ahead" if ok else "witness went back: quarantined")
 
     async def aclose(self) -> None:
         store_module._dispatch_id = self._saved_id
+        durability_module.delete_slots = self._saved_delete
+        durability_module.slot_marker = self._saved_marker
+        for store in self.stores:
+            store.slot_seen.close()
+        for m in self.readers:
+            m.close()
+        self._dirs.cleanup()
         await self.aclient.aclose()
         self.r.close()
         self.rb.close()
@@ -444,6 +585,10 @@ class Driver:
         for name, (kind, c) in sorted(raw["keys"].items()):
             if name == KEYS.marker:
                 out.append((name, "marker"))  # its value counts writes
+            elif name == QUARANTINE:
+                out.append((name, json.loads(c)["cause"]))  # with a clock reading
+            elif name.startswith("fg:witness:"):
+                out.append((name, "witness"))  # a counter: the explorer keeps its relation
             elif ":req:" in name:
                 rid = name.rsplit(":", 1)[1]
                 if ids is None:
@@ -480,8 +625,8 @@ class Driver:
 
     def authority(self, by: str, gen: int, rid: str) -> Auth:
         """Fence, cancellation and pinned intent as the authorising script's run saw them."""
-        fence, cancelled, pinned, was, resolved = self.wire.ran[rid]
-        return Auth(by, gen, fence, cancelled, pinned, was, resolved)
+        fence, cancelled, pinned, was, resolved, acked, phase, quar = self.wire.ran[rid]
+        return Auth(by, gen, fence, cancelled, pinned, was, resolved, acked, phase, quar)
 
     # -- worker: EffectService.perform -> _admit -> _dispatch -> _send -> _record ----------
 
@@ -782,6 +927,24 @@ def _pairs(flat: list[str]) -> dict[str, str]:
 def deadline_class(v: str) -> str:
     n = int(v or 0)
     return "0" if n == 0 else ("past" if n < 10**12 else "live")
+
+
+async def _refuse_only(slot: int, counter: int, seen: int) -> None:
+    """StoreBase.went_back as 4a7c224 had it: the call is refused (503), Redis not quarantined."""
+
+
+def counter_of(raw: dict[str, Any]) -> int | None:
+    """The job slot's write counter in a raw state (None: no marker, the slot fails closed)."""
+    kind_c = raw["keys"].get(KEYS.marker)
+    return None if kind_c is None else int(kind_c[1])
+
+
+def witness_of(raw: dict[str, Any], data_dir: int) -> int:
+    """A data dir's witness counter in a raw state (0: never raised)."""
+    for name, (_, c) in raw["keys"].items():
+        if name.startswith("fg:witness:") and name.endswith(f":dir{data_dir + 1}"):
+            return int(c)
+    return 0
 
 
 Step = Callable[[], Awaitable[tuple[Any, Effects]]]

@@ -32,6 +32,9 @@ class Ctx:
     resends: list[Resend]
     payloads: dict[tuple[int, str], frozenset[str]]  # (gen, step) -> the payloads of its calls
     dedupes: bool
+    restored: bool = False  # Redis went back to a backup (issue 21)
+    lost: bool = False  # ... and the restore lost writes
+    lost_acks: frozenset[tuple[Any, ...]] = frozenset()  # acknowledged, gone with the restore
 
 
 def i_stale(c: Ctx) -> str | None:
@@ -86,12 +89,60 @@ def i_once(c: Ctx) -> str | None:
     return None
 
 
+def i_fence(c: Ctx) -> str | None:
+    """No send below the acknowledged fence: the admit/claim that authorised a send ran
+    under a generation at or above every generation whose register had been acknowledged.
+    Without a restore this follows from I-stale and I-durable; after a restore (Redis's
+    fence went back with it) it is the guarantee the slot marks and the witness give."""
+    for s in c.sends:
+        a = s.auth
+        if a.gen < a.acked:
+            return (
+                f"{s.by} sent {s.step} under generation {s.gen}, authorised by a {a.what} that "
+                f"ran{a.phase} after register({a.acked}) was acknowledged"
+            ), f"below the acknowledged fence: {a.what}{a.phase}"
+    return None
+
+
+def i_closed(c: Ctx) -> str | None:
+    """A quarantined Redis authorises nothing: no send comes from an admit or claim that ran
+    while ``fg:quarantine`` was set (every script of every process fails closed)."""
+    for s in c.sends:
+        if s.auth.quarantined:
+            return f"{s.by} sent {s.step}, authorised by a {s.auth.what} on a quarantined Redis"
+    return None
+
+
+def i_no_false_quarantine(c: Ctx) -> str | None:
+    """A quarantine only after real data loss: never without a restore, never after a restore
+    that lost nothing (Redis was put back to what it held). A false quarantine stops every
+    gateway until an operator runs init: it is a failure, not "failing closed"."""
+    if "fg:quarantine" not in c.raw["keys"] or c.lost:
+        return None
+    if c.restored:
+        return "Redis was quarantined after a restore that lost nothing", "after a lossless restore"
+    return "Redis was quarantined with no restore", "with no restore"
+
+
+def ack_holds(ack: tuple[Any, ...], raw: dict[str, Any]) -> bool:
+    """Whether Redis (a raw state) still holds an acknowledged verdict."""
+    job = raw["job"]
+    if ack[0] == "fx":
+        return bool(raw["fx"][ack[1]].get("state", "(none)") == ack[2])
+    if ack[0] == "fence":
+        return int(job.get("fence") or 0) >= int(ack[1])
+    if ack[0] == "cancelled":
+        return bool(job.get("cancelled") == "1")
+    return True
+
+
 def i_durable(c: Ctx) -> str | None:
     """Every acknowledged verdict still holds: a succeeded/failed answer stays recorded,
-    an acknowledged register(g) keeps the fence >= g, an acknowledged cancel stays."""
+    an acknowledged register(g) keeps the fence >= g, an acknowledged cancel stays. (A
+    restore loses verdicts on purpose: those it lost are not held against Redis.)"""
     job = c.raw["job"]
     fence = int(job.get("fence") or 0)
-    for ack in sorted(c.acks):
+    for ack in sorted(c.acks - c.lost_acks):
         if ack[0] == "fx":
             state = c.raw["fx"][ack[1]].get("state", "(none)")
             if state != ack[2]:
@@ -163,7 +214,11 @@ def i_resend(c: Ctx) -> str | None:
 def i_live(c: Ctx) -> str | None:
     """At quiescence nothing is stranded: no step `pending` without a relay queue entry,
     and no 202-accepted async call whose intent is still pinned on a `released` step that
-    nothing will perform (no queue entry; not cancelled, superseded or operator-resolved)."""
+    nothing will perform (no queue entry; not cancelled, superseded or operator-resolved).
+    Not after a restore: the accepted work it lost is lost (I-fence and I-no-false-quarantine
+    say what must hold then)."""
+    if c.restored:
+        return None
     queued = {_queue_step(m) for m, _ in c.raw["queue"]}
     job = c.raw["job"]
     fence = int(job.get("fence") or 0)
@@ -206,6 +261,9 @@ def _diff(a: Any, b: Any) -> str:
 Check = Callable[[Ctx], "str | tuple[str, str] | None"]
 ON_STEP: dict[str, Check] = {
     "I-stale": i_stale,
+    "I-fence": i_fence,
+    "I-closed": i_closed,
+    "I-no-false-quarantine": i_no_false_quarantine,
     "I-intent": i_intent,
     "I-once": i_once,
     "I-durable": i_durable,

@@ -9,9 +9,21 @@ hole it re-opens. See tests/model/README.md for what it found on d36082e.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from tests.model.explore import DEFAULT, HOLES, Report, Scenario, explore, render, w
+from tests.model.explore import (
+    DEFAULT,
+    HOLES,
+    RESTORE,
+    RESTORE_SYNC,
+    Report,
+    Scenario,
+    explore,
+    render,
+    w,
+)
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +115,82 @@ def test_mutation_relay_claim_without_the_index_update() -> None:
     line = "index(KEYS[5], member, 'dispatching', fmt(deadline))\n"
     (rep,) = explore([TAKEOVER], mutate=[("relay-5", line, "")])
     assert found(rep, "I-index", "dispatching, not indexed"), render([rep])
+
+
+# -- two gateway processes and a restore (issue 21) ---------------------------------------
+# RESTORE_SYNC: A (generation 1, sync) on P2; B (generation 2) and the scheduler on P1; the
+# backup is any state of the path, and Redis goes back to it once.
+
+
+def restore_found(rep: Report, phase: str = "") -> list[str]:
+    """Signatures of sends below the acknowledged fence on the restored Redis."""
+    return [
+        s
+        for i, s in rep.violations
+        if i == "I-fence" and s.startswith("below the acknowledged fence: admit") and phase in s
+    ]
+
+
+@pytest.fixture(scope="module")
+def restore_reports() -> dict[str, Report]:
+    scns = [*RESTORE, replace(RESTORE_SYNC, name="restore-sync-own", marks="own"),
+            replace(RESTORE_SYNC, name="restore-sync-hosts", marks="hosts")]  # fmt: skip
+    reports = explore(scns)
+    print("\n" + render(reports))
+    return {r.scenario: r for r in reports}
+
+
+@pytest.mark.timeout(600)
+def test_restore_with_marks_shared_by_the_data_dir_sends_nothing_below_the_fence(
+    restore_reports: dict[str, Report],
+) -> None:
+    """Both processes on one data dir (SlotMarks on one file): after a restore that lost an
+    acknowledged register(2), no process admits generation 1 -- the first call meets the
+    slot behind the shared mark and quarantines Redis -- and a restore that lost nothing
+    never quarantines."""
+    rep = restore_reports["restore-sync-shared"]
+    assert rep.states > 100 and not rep.truncated, rep.summary()
+    assert rep.quarantined > 0, rep.summary()  # the restores that lost writes were caught
+    assert not rep.violations, render([rep])
+
+
+@pytest.mark.timeout(600)
+def test_restore_with_each_process_s_own_marks_is_hole_2(
+    restore_reports: dict[str, Report],
+) -> None:
+    """The store of 4a7c224 (each process's marks in its memory, no quarantine): P1 had
+    register(2) acknowledged, Redis goes back, and P2 -- which never saw the lost write --
+    admits generation 1 and sends (issue 21, hole 2)."""
+    rep = restore_reports["restore-sync-own"]
+    assert restore_found(rep), render([rep])
+    trace = rep.violations["I-fence", restore_found(rep)[0]].trace
+    assert any("P1 scheduler: register(2): 201" in t for t in trace), trace
+    assert any("restored from the backup (lost writes)" in t for t in trace), trace
+    assert trace[-1] == 'P2 A: send gen=1 {"amount":10000} -> ok', trace
+
+
+@pytest.mark.timeout(600)
+def test_restore_with_marks_per_host_and_no_witness_is_hole_2(
+    restore_reports: dict[str, Report],
+) -> None:
+    """One data dir per process and no witness: the slot marks alone cannot protect a
+    process that never saw the lost writes (what the witness is for)."""
+    rep = restore_reports["restore-sync-hosts"]
+    assert restore_found(rep), render([rep])
+
+
+@pytest.mark.timeout(600)
+def test_restore_with_the_witness_leaves_only_the_window_before_a_detecting_tick(
+    restore_reports: dict[str, Report],
+) -> None:
+    """One data dir per process, each with its witness tick (StoreBase.witness) as an action.
+    A send below the acknowledged fence remains possible only before a tick that can detect
+    the restore: before any tick since the restore, or when the data dir that saw the lost
+    writes had not ticked between the backup and the restore (a backup younger than one
+    marks interval). After a detecting tick Redis is quarantined and nothing is authorised
+    (docs/reliability.md, "What remains")."""
+    rep = restore_reports["restore-min-hosts-witness"]
+    assert restore_found(rep, "before any witness tick"), render([rep])
+    assert not restore_found(rep, "after a detecting witness tick"), render([rep])
+    assert rep.quarantined > 0, rep.summary()
+    assert not rep.unexpected() and not rep.missing(), render([rep])
