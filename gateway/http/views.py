@@ -236,11 +236,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    checks = await request.app[K.STORE].ready()
-    ok = all(checks.values())
-    return respond(
-        ReadyOut(status="ready" if ok else "unavailable", checks=checks), 200 if ok else 503
+    r = await request.app[K.STORE].readiness()
+    out = ReadyOut(
+        status="ready" if r.ok else "unavailable",
+        checks=r.checks,
+        cause=r.cause,
+        marker=r.marker,
+        detail=r.detail,
     )
+    return respond(out, 200 if r.ok else 503)
 
 
 def _loopback(peer: str | None) -> bool:

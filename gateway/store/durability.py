@@ -43,9 +43,11 @@ from gateway.store.cluster import delete_slots, is_cluster, mget_slots, mset_slo
 from gateway.store.keys import EPOCH, MARKER, PREFIX, SLOTS, slot_marker
 
 __all__ = [
+    "MARKER_STATES",
     "compare_marks",
     "epoch_check",
     "initialize",
+    "marker_state",
     "marks_check",
     "quarantine",
     "verify_audit",
@@ -53,6 +55,7 @@ __all__ = [
 
 log = structlog.get_logger("fencegate.durability")
 Bump = Callable[[], Awaitable[Any]]  # increments fg:epoch, answers the new value
+Reread = Callable[[Sequence[int]], Awaitable[Sequence[str | None]]]  # slots -> their markers
 
 
 async def has_fencegate_data(client: aioredis.Redis) -> bool:
@@ -114,6 +117,32 @@ async def initialize(
     return "written"
 
 
+# What a missing durability marker means, by what else is in Redis and the data dir
+# (:func:`marker_state`); /readyz's ``marker`` and the `redis_marker_missing` log line
+MARKER_STATES = {
+    "uninitialised": "Redis has no fencegate data and this data dir never initialised one: "
+    "run `fencegate init` once (a new deployment)",
+    "wiped": "Redis has no fencegate data but this data dir initialised it before: it was "
+    "restarted without its data, flushed or replaced; fences may be gone: "
+    "`fencegate init --confirm-data-loss`, then re-register current generations",
+    "quarantined": "Redis holds fencegate data without its markers: a gateway found it had "
+    "lost acknowledged writes and quarantined it (logged there as `redis_slots_went_back` or "
+    "`redis_older_than_last_seen`), or they were removed by hand; "
+    "`fencegate init --confirm-data-loss`, then re-register current generations",
+    "slot_marker_missing": "the global marker is there but this slot's marker is not: the "
+    "slot (on Cluster: its shard) lost its data; `fencegate init --confirm-data-loss`, then "
+    "re-register current generations",
+}
+
+
+async def marker_state(client: aioredis.Redis, state_file: Path | None) -> str:
+    """Why the global marker is missing (a key of :data:`MARKER_STATES`): ``quarantined`` when
+    Redis still holds fencegate data, else ``wiped`` or ``uninitialised`` by the data dir."""
+    if await has_fencegate_data(client):
+        return "quarantined"
+    return "wiped" if initialised_before(state_file) else "uninitialised"
+
+
 def initialised_before(state_file: Path | None) -> bool:
     """Has this gateway (its data dir) initialised a Redis before? (a small local read)"""
     return state_file is not None and state_file.exists()
@@ -154,14 +183,21 @@ async def marks_check(
     if not marks:
         return True
     slots = sorted(marks)
-    current: dict[int, str | None] = {}
-    for i in range(0, len(slots), 2048):
-        chunk = slots[i : i + 2048]
-        # MGET across slots, as init's MSET (one reply to parse, not 2048: ~40x faster);
-        # on Cluster one GET per slot, pipelined per node
-        values = await mget_slots(client, [slot_marker(slot) for slot in chunk])
-        current.update(zip(chunk, values, strict=True))
+    current = dict(zip(slots, await _reader(client)(slots), strict=True))
     return await compare_marks(client, marks, current)
+
+
+def _reader(client: aioredis.Redis) -> Reread:
+    """Reads slots' markers: MGET across slots, 2,048 at a time, as init's MSET (one reply to
+    parse, not 2,048: ~40x faster); on Cluster one GET per slot, pipelined per node."""
+
+    async def read(slots: Sequence[int]) -> list[str | None]:
+        values: list[str | None] = []
+        for i in range(0, len(slots), 2048):
+            values += await mget_slots(client, [slot_marker(slot) for slot in slots[i : i + 2048]])
+        return values
+
+    return read
 
 
 def counter_of(value: str | None) -> int | None:
@@ -175,16 +211,41 @@ def counter_of(value: str | None) -> int | None:
 
 
 async def compare_marks(
-    client: aioredis.Redis, marks: Mapping[int, int], current: Mapping[int, str | None]
+    client: aioredis.Redis,
+    marks: Mapping[int, int],
+    current: Mapping[int, str | None],
+    *,
+    reread: Reread | None = None,
 ) -> bool:
     """Quarantine Redis if any slot's marker (``current``) is below its mark (see
-    :func:`marks_check`); a missing marker is left to the scripts."""
+    :func:`marks_check`); a missing marker is left to the scripts.
+
+    ``marks`` must be taken before ``current`` was read. A slot found below its mark is read
+    again (``reread``; default: :func:`~gateway.store.cluster.mget_slots` on ``client``) and
+    counts as behind only if it still is: a marker only rises, so a second read below the mark
+    cannot come from a write that raced the first one. A false quarantine stops a healthy
+    deployment until an operator confirms a data loss that did not happen."""
+    flagged = [
+        slot
+        for slot, value in current.items()
+        if (counter := counter_of(value)) is not None and counter < marks.get(slot, 0)
+    ]
+    if not flagged:
+        return True
+    again = await (reread or _reader(client))(flagged)
     behind: list[tuple[int, int, int]] = []
-    for slot, value in current.items():
+    for slot, value in zip(flagged, again, strict=True):
         counter = counter_of(value)
-        if counter is not None and counter < marks.get(slot, 0):
+        if counter is not None and counter < marks[slot]:
             behind.append((slot, counter, marks[slot]))
     if not behind:
+        log.warning(
+            "redis_marks_reread",
+            slots_flagged=len(flagged),
+            example_slot=flagged[0],
+            detail="a slot's marker read below its mark was at or above it when read again: "
+            "not a loss, nothing quarantined",
+        )
         return True
     slots = sorted(current)
     await quarantine(client)
