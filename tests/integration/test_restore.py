@@ -25,9 +25,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.http import appkeys as K
 from gateway.http.app import create_app
-from gateway.store import statefile
+from gateway.store import durability, statefile
 from gateway.store.embedded import EmbeddedRedis
-from gateway.store.keys import EPOCH, MARKER, JobKeys
+from gateway.store.keys import EPOCH, MARKER, JobKeys, slot_marker
+from gateway.store.store import connect
 from tests.conftest import Gateway, Upstream, gateway_settings
 from tests.integration.test_serve import Serve, children_of, init, wait_dead
 
@@ -103,6 +104,13 @@ async def code(resp: Any) -> tuple[int, str]:
     return resp.status, body.get("code", "")
 
 
+async def readiness(gw: Gateway) -> tuple[int, str | None, str | None]:
+    """/readyz's status, cause and (for a missing marker) what the data says happened."""
+    resp = await gw.client.get("/readyz")
+    body = await resp.json()
+    return resp.status, body["cause"], body["marker"]
+
+
 async def register2_after_backup(gw: Gateway, durable: DurableRedis, tmp_path: Path) -> Path:
     """register(1), the backup, then register(2) (acknowledged), gen 2's effect and more
     writes: the backup is from before register(2)."""
@@ -140,7 +148,9 @@ async def test_restored_backup_refused_while_the_gateway_runs(
     assert await gw.app[K.STORE].heartbeat_epoch() is False
     assert c.get(MARKER) is None
     ready = await gw.client.get("/readyz")
-    assert ready.status == 503 and (await ready.json())["checks"]["marker"] is False
+    body = await ready.json()
+    assert ready.status == 503 and body["checks"]["marker"] is False
+    assert (body["cause"], body["marker"]) == ("marker_missing", "quarantined")
     c.close()
 
 
@@ -184,15 +194,16 @@ async def test_a_wiped_redis_is_not_initialised_by_a_gateway_with_a_fresh_data_d
     refused = await first.register("r", generation=1)
     assert await code(refused) == (503, "store_unavailable")
     assert "fencegate init" in (await refused.json())["detail"]
-    assert (await first.client.get("/readyz")).status == 503
+    assert await readiness(first) == (503, "marker_missing", "uninitialised")
     c = durable.client()
     assert c.dbsize() == 0, "nothing written to a Redis nobody initialised"
     assert await first.app[K.STORE].initialize(auto=False) == "written"  # `fencegate init`
     assert (await first.register("r", generation=1)).status == 201
     assert (await first.effect("r", "notify", 1)).status == 200
     c.flushall()  # the Redis is wiped (or replaced by an empty one)
+    assert await readiness(first) == (503, "marker_missing", "wiped")  # its data dir knows
     fresh: Gateway = await gateways("fresh", auto_init=False)  # the default outside the tests
-    assert (await fresh.client.get("/readyz")).status == 503
+    assert await readiness(fresh) == (503, "marker_missing", "uninitialised")
     reg = await fresh.register("r", generation=1)
     assert await code(reg) == (503, "store_unavailable")
     assert "fencegate init" in (await reg.json())["detail"]
@@ -200,6 +211,28 @@ async def test_a_wiped_redis_is_not_initialised_by_a_gateway_with_a_fresh_data_d
     assert c.dbsize() == 0
     assert len(upstream.received) == 1, "the completed step was sent again"
     c.close()
+
+
+async def test_a_slot_read_below_its_mark_is_read_again_before_a_quarantine(
+    durable: DurableRedis,
+) -> None:
+    """A marker read below its mark (a read that raced the write raising the mark) is read
+    again before Redis is quarantined: at or above its mark then, it is no loss. Still below,
+    Redis is quarantined."""
+    c = durable.client()
+    client = connect(durable.url, timeout=2, max_connections=2)
+    assert await durability.initialize(client, None, auto=True) == "written"
+    slot = JobKeys("default", "r").slot
+    now = int(c.get(slot_marker(slot)))
+    try:
+        raced = {slot: str(now - 5)}  # what a first read saw before the write
+        assert await durability.compare_marks(client, {slot: now}, raced) is True
+        assert c.get(MARKER) is not None and c.get(slot_marker(slot)) == str(now)
+        assert await durability.compare_marks(client, {slot: now + 1}, raced) is False
+        assert c.get(MARKER) is None and c.get(slot_marker(slot)) is None  # quarantined
+    finally:
+        await client.aclose()
+        c.close()
 
 
 def _update_many(path: str, worker: int, rounds: int) -> None:
