@@ -94,12 +94,14 @@ class ReplicaChaos(Chaos):
                 return
             fault = FAULTS[turn % len(FAULTS)]
             turn += 1
+            window = self.fault_begins(fault)
             if fault == "replica_stop":
                 self.rs.replicas[0].pause()
                 await asyncio.sleep(self.rng.uniform(0.2, 1.0))
                 self.rs.replicas[0].resume()
             else:
                 await self.fail_over(lagging=fault == "lagging_failover")
+            self.fault_healed(window)
             self.faults[fault] += 1
             print(f"fault {fault} done, {sum(self.faults.values())} so far", file=sys.stderr)
 
@@ -110,10 +112,12 @@ class ReplicaChaos(Chaos):
         self.shas = script_shas()
         self.proxy = await WireProxy(self.rs.primary.port).start()
         self.dproxy = await WireProxy(self.down.port, log_http=True).start()
-        self.gw = Gateway(self.workdir, f"redis://127.0.0.1:{self.proxy.port}/0", self.dproxy.port)
+        url = f"redis://127.0.0.1:{self.proxy.port}/0"
+        self.gw = Gateway(self.workdir, url, self.dproxy.port, workers=2)  # serve --workers 2
         self.gw.cfg.write_text(self.gw.cfg.read_text().replace("[redis]\n", REPLICATED))
         self.gw.start()
         await self.gw.wait_up()
+        self.start_liveness([self.gw])
 
     async def teardown(self) -> None:
         self.gw.close()
@@ -139,7 +143,10 @@ class ReplicaChaos(Chaos):
                 self.withheld = sum(op.status == 503 for op in self.history)
                 await self.settle(http, 20)
                 checks = await self.check(http)
+                await self.finish_liveness(http, checks)
         finally:
+            if self.live is not None:
+                await self.live.stop()
             await self.teardown()
         return checks
 

@@ -235,6 +235,27 @@ async def test_a_slot_read_below_its_mark_is_read_again_before_a_quarantine(
         c.close()
 
 
+async def test_a_confirmed_init_is_not_quarantined_by_a_gateway_with_another_data_dir(
+    gateways: Any, durable: DurableRedis
+) -> None:
+    """`fencegate init --confirm-data-loss` resets the state file of the data dir it runs
+    with; a gateway of another data dir (another host) recorded a higher epoch before the loss
+    and must not take the new baseline for a restored snapshot (no quarantine, it serves)."""
+    a: Gateway = await gateways("a")
+    b: Gateway = await gateways("b")
+    for gw in (a, b, a, b):  # both record epochs (their periodic checks)
+        assert await gw.app[K.STORE].heartbeat_epoch() is True
+    assert (await b.register("r", generation=3)).status == 201
+    c = durable.client()
+    c.flushall()  # the data is lost; the operator looks, then confirms from a's data dir
+    assert await a.app[K.STORE].initialize(auto=False, confirm_data_loss=True) == "written"
+    assert await b.app[K.STORE].heartbeat_epoch() is True
+    assert c.get(MARKER) is not None
+    assert (await b.register("r", generation=1)).status == 201  # re-registered after the loss
+    assert (await a.register("r", generation=2)).status == 201
+    c.close()
+
+
 def _update_many(path: str, worker: int, rounds: int) -> None:
     for i in range(1, rounds + 1):
         statefile.update(Path(path), epoch=i, slots={worker * 1000 + s: i for s in range(50)})
