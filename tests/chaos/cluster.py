@@ -147,7 +147,7 @@ class ClusterChaos(ReplicaChaos):
         c, turn = self.cluster, 0
         while not stop.is_set():
             await asyncio.sleep(self.rng.uniform(0.3, 1.0))
-            if stop.is_set():
+            if stop.is_set() or turn >= self.rounds:  # the run's turns, no more
                 return
             fault = FAULTS[turn % len(FAULTS)]
             turn += 1

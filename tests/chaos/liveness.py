@@ -260,13 +260,13 @@ class Liveness:
         recover p50 / max (its bound)."""
         out = []
         for kind, f in self.kinds.items():
-            rec = sorted(f.recover_s) or [0.0]
+            rec = sorted(f.recover_s)
+            took = f"{statistics.median(rec):.2f} s / {rec[-1]:.2f} s" if rec else "- / -"
             out.append((
                 f"liveness {kind}: faults; calls during / after; refused during / after; "
                 "recover p50 / max (bound)",
                 f"{f.faults}; {len(f.during)} / {len(f.after)}; {_share(f.during)} / "
-                f"{_share(f.after)}; {statistics.median(rec):.2f} s / {rec[-1]:.2f} s "
-                f"({BOUNDS.get(kind, 10.0):.0f} s)",
+                f"{_share(f.after)}; {took} ({BOUNDS.get(kind, 10.0):.0f} s)",
             ))  # fmt: skip
         spell = [c for c in self.calls if c.invoked >= self.final_from]
         alarms = sum(p.startswith("L2") for p in self.problems)

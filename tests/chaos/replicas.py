@@ -59,6 +59,7 @@ class ReplicaChaos(Chaos):
         self.faults: dict[str, int] = dict.fromkeys(self.FAULTS, 0)
         self.writes_back_s: list[float] = []
         self.withheld = 0
+        self.rounds = 0  # fault turns of the run
 
     async def fail_over(self, *, lagging: bool) -> None:
         """kill -9 of the primary, the replica promoted, the old one back as its replica."""
@@ -90,7 +91,7 @@ class ReplicaChaos(Chaos):
         turn = 0
         while not stop.is_set():
             await asyncio.sleep(self.rng.uniform(0.3, 1.0))
-            if stop.is_set():
+            if stop.is_set() or turn >= self.rounds:  # the run's turns, no more
                 return
             fault = FAULTS[turn % len(FAULTS)]
             turn += 1
@@ -128,7 +129,7 @@ class ReplicaChaos(Chaos):
 
     async def run(self) -> dict[str, Any]:
         await self.setup()
-        rounds = 24 if self.long else len(self.FAULTS)  # fault turns (short: each kind once)
+        rounds = self.rounds = 24 if self.long else len(self.FAULTS)  # short: each kind once
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
                 stop = asyncio.Event()

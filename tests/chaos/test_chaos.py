@@ -19,6 +19,8 @@ def test_short_chaos_run_holds_every_invariant() -> None:
     ok, report = run(seed, long=False)
     print("\n" + report)
     assert ok, report
+    # alive, not only safe: no false quarantine, and the gateways served after every fault
+    assert _figure(report, "false quarantines or slots gone back (must be 0)") == "0"
     kills = "before_admit 2, after_admit 2, after_dispatch 2, after_record 2"
     assert f"gateway SIGKILLs by crash point | {kills}" in report
     assert "empty-Redis restarts failing closed / dispatches during them | 2 / 0" in report
