@@ -108,16 +108,17 @@ async def initialize(
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
         await mset_slots(client, dict.fromkeys(markers[i : i + 2048], counter))
-    await client.set(MARKER, value)
     # a fresh start: this Redis's epoch is the new baseline, and the old marks are void
     # (Cluster: no global epoch, the slot markers are the per-slot epochs). It starts at the
     # counters' clock value too: above the epoch any other data dir (another host's gateway,
     # whose state file this init does not reset) recorded before, so their next epoch check
-    # does not take the new baseline for a restored snapshot and quarantine it again.
+    # does not take the new baseline for a restored snapshot and quarantine it again. Written
+    # before the global marker: a gateway's check that sees the marker sees this epoch.
     epoch = 0
     if not is_cluster(client):
         epoch = max(int(counter), read_state(state_file) + 1, int(await client.get(EPOCH) or 0))
         await client.set(EPOCH, str(epoch))
+    await client.set(MARKER, value)
     if state_file is not None:
         statefile.update(state_file, epoch=epoch, initialised=True, reset=True)
     return "written"

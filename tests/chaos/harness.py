@@ -1210,6 +1210,10 @@ class Chaos:
             "history": [asdict(op) for op in self.history],
             "deliveries": [asdict(d) for d in self.down.deliveries],
             "sends": [asdict(s) for s in self.dproxy.sends],
+            "liveness": {
+                "windows": [asdict(w) for w in self.live.windows] if self.live else [],
+                "calls": [asdict(c) for c in self.live.calls] if self.live else [],
+            },
             "wire_faults": {
                 "redis": [asdict(h) | {"match": h.match.decode()} for h in self.proxy.hits],
                 "downstream": [asdict(h) | {"match": h.match.decode()} for h in self.dproxy.hits],
