@@ -881,7 +881,7 @@ class Chaos:
         (self.workdir / "g2").mkdir()
         g2 = Gateway(self.workdir / "g2", url, self.dproxy.port, workers=2)
         g2.start()
-        await g2.wait_up()
+        await g2.wait_up(60)  # a supervisor and two workers on a loaded machine
         self.start_liveness([g1, g2])
         n = {
             "zombie": 200 if self.long else 30,
