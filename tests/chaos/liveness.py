@@ -3,7 +3,7 @@
 A probe stream per gateway URL (one `fencegate serve` process, or a `--workers N` supervisor's
 port) registers ever higher generations on 32 jobs spread over the slots (each one a deciding
 script: a marker check and a counter raised, as every verdict), on a new connection each time
-(so the workers behind one port all take turns), 10 per second, while the harness injects its
+(so the workers behind one port all take turns), 4 per second, while the harness injects its
 faults and the periodic checks run with short intervals. The harness marks each fault's
 window (:meth:`Liveness.begin` when it is injected, :meth:`Liveness.heal` when it is undone).
 The checks:
@@ -54,7 +54,7 @@ BOUNDS: dict[str, float] = {
 SHARE = 0.99  # the share of verdicts required after recovery
 FALSE_ALARMS = ("redis_slots_went_back", "redis_older_than_last_seen", "redis_slot_went_back")
 FINAL = ("succeeded", "failed", "released")
-PERIOD = 0.1  # seconds between probe calls, per gateway URL
+PERIOD = 0.25  # seconds between probe calls, per gateway URL
 
 
 class Hop:

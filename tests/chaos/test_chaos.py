@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from tests.chaos.harness import run
 
 
@@ -14,6 +16,7 @@ def _figure(report: str, name: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.timeout(300)  # two gateways (one of them serve --workers 2) on a shared 2-core machine
 def test_short_chaos_run_holds_every_invariant() -> None:
     seed = int(os.environ.get("FENCEGATE_CHAOS_SEED", "20261130"))
     ok, report = run(seed, long=False)
