@@ -876,10 +876,12 @@ class Chaos:
         self.gw = g1 = Gateway(self.workdir, url, self.dproxy.port)
         self.gw.start()
         await self.gw.wait_up()
-        # a second gateway, `serve --workers 2` with a data dir of its own (another host): the
-        # wire and zombie phases' calls hop between the two; g1 alone meets the crash points
+        # a second gateway with a data dir of its own (another host; the long run's is `serve
+        # --workers 2`, the short one's a single process: the replica run has the workers in
+        # make test): the wire and zombie phases' calls hop between the two; g1 alone meets the
+        # crash points
         (self.workdir / "g2").mkdir()
-        g2 = Gateway(self.workdir / "g2", url, self.dproxy.port, workers=2)
+        g2 = Gateway(self.workdir / "g2", url, self.dproxy.port, workers=2 if self.long else 1)
         g2.start()
         await g2.wait_up(60)  # a supervisor and two workers on a loaded machine
         self.start_liveness([g1, g2])
