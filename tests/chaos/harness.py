@@ -37,7 +37,9 @@ C1 no effect of generation g is applied when register(g' > g) was acknowledged b
    DISPATCH_TIMEOUT (+ slack) after register(g' > g) was acknowledged (every dispatch,
    the relay's included, must send before its deadline, taken before its admit or claim);
    R3 no step is left pending or dispatching once the traffic stopped. Empty-Redis
-   restarts must fail closed with 0 dispatches. On failure the report, history and seed
+   restarts must fail closed with 0 dispatches. Liveness (:mod:`tests.chaos.liveness`, every
+   run, two gateways): L1 every gateway serves again within a bound after each fault heals,
+   L2 no quarantine without a real data loss, L3 every step final or listed for a decision. On failure the report, history and seed
    are written out for replay.
 """
 
