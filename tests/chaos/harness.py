@@ -39,8 +39,8 @@ C1 no effect of generation g is applied when register(g' > g) was acknowledged b
    R3 no step is left pending or dispatching once the traffic stopped. Empty-Redis
    restarts must fail closed with 0 dispatches. Liveness (:mod:`tests.chaos.liveness`, every
    run, two gateways): L1 every gateway serves again within a bound after each fault heals,
-   L2 no quarantine without a real data loss, L3 every step final or listed for a decision. On failure the report, history and seed
-   are written out for replay.
+   L2 no quarantine without a real data loss, L3 every step final or listed for a decision.
+   On failure the report, history and seed are written out for replay.
 """
 
 from __future__ import annotations
