@@ -266,6 +266,15 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     status: Literal["ready", "unavailable"]
     checks: dict[str, bool]
+    # when not ready: the first check that failed, as a cause (redis_unreachable,
+    # marker_missing, out_of_memory, topology, slot_went_back, ...: docs/operations.md)
+    cause: str | None = None
+    # for marker_missing: uninitialised, wiped, quarantined
+    marker: str | None = None
+    detail: str | None = None
+    # for a quarantined Redis: why, as the gateway that quarantined it wrote (fg:quarantine:
+    # cause, at_ms, slot, counter, seen, by, pid)
+    quarantine: dict[str, Any] | None = None
 
 
 class Problem(BaseModel):

@@ -256,13 +256,23 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    checks = await request.app[K.STORE].ready()
+    r = await request.app[K.STORE].readiness()
+    checks, cause, detail = r.checks, r.cause, r.detail
     if floors := request.app[K.FLOORS]:  # free space kept on the volumes the gateway writes
         checks["disk"] = all(floor.room_for(0) for floor in floors)
+        if not checks["disk"] and cause is None:
+            cause = "disk_full"
+            detail = "free space on the embedded Redis's volume is below redis.min_free_mb"
     ok = all(checks.values())
-    return respond(
-        ReadyOut(status="ready" if ok else "unavailable", checks=checks), 200 if ok else 503
+    out = ReadyOut(
+        status="ready" if ok else "unavailable",
+        checks=checks,
+        cause=cause,
+        marker=r.marker,
+        detail=detail,
+        quarantine=r.quarantine,
     )
+    return respond(out, 200 if ok else 503)
 
 
 def _loopback(peer: str | None) -> bool:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,13 +26,14 @@ from gateway.store import durability, scripts, statefile
 from gateway.store.anchors import note_audit
 from gateway.store.attention import NeedsIndex
 from gateway.store.batching import Batcher, NotSent
-from gateway.store.cluster import all_markers, is_cluster, router_for
+from gateway.store.cluster import all_markers, is_cluster, per_slot, router_for
 from gateway.store.keys import (
     EPOCH,
     MARKER,
     QUARANTINE,
     JobKeys,
     audit_feed,
+    slot_marker,
     witness,
 )
 from gateway.store.marks import MARKS_FILE, SlotMarks
@@ -49,7 +52,81 @@ from gateway.store.scripts import (
 T = TypeVar("T")
 READY_PROBE = "fg:readyz:probe"  # /readyz's probe write (10 s TTL)
 MEMORY_READY = 0.95  # /readyz: a Redis using more of its maxmemory is not ready (`memory`)
+MISSING_LOG_SECONDS = 30.0  # a lasting "marker missing" is logged again this often
 log = structlog.get_logger("fencegate.store")
+
+# /readyz's ``cause``: the first check that failed, in this order
+CAUSES = {
+    "redis": "redis_unreachable",
+    "scripts": "scripts_not_loaded",
+    "marker": "marker_missing",
+    "writable": "not_writable",  # "out_of_memory" when Redis refused the probe for OOM
+    "replicas_acked": "replicas_not_acknowledging",
+    "topology": "topology",
+    "cluster": "cluster_unhealthy",
+    "slots": "slot_went_back",
+    "memory": "memory_nearly_full",  # above MEMORY_READY of maxmemory
+    "durable": "not_durable",  # appendonly / appendfsync / maxmemory-policy changed
+}
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """``/readyz``: the checks by name; when one failed, why (``cause``, one of
+    :data:`CAUSES`' values or ``out_of_memory``; for ``marker_missing`` also ``marker``, one
+    of :data:`gateway.store.durability.MARKER_STATES`) and a sentence for the operator."""
+
+    checks: dict[str, bool]
+    cause: str | None = None
+    marker: str | None = None
+    detail: str | None = None
+    quarantine: dict[str, Any] | None = None  # fg:quarantine, when Redis was quarantined
+
+    @property
+    def ok(self) -> bool:
+        return all(self.checks.values())
+
+
+def _readiness(
+    checks: dict[str, bool],
+    failure: Exception | None,
+    marker: str,
+    went_back: tuple[int, int, int] | None,
+    topology: list[str] | None,
+) -> Readiness:
+    failed = next((name for name in CAUSES if checks.get(name) is False), None)
+    if failed is None:
+        return Readiness(checks)
+    cause, detail = CAUSES[failed], None
+    if isinstance(failure, StoreUnavailable):
+        detail = failure.detail
+    elif failure is not None:
+        detail = f"{type(failure).__name__}: {failure}"
+    if failed == "marker":
+        return Readiness(
+            checks, cause, marker or "unknown", durability.MARKER_STATES.get(marker, detail)
+        )
+    root = failure.__cause__ if failure is not None else None
+    if (
+        failed == "writable"
+        and failure is not None
+        and _oom(root if isinstance(root, Exception) else failure)
+    ):
+        cause = "out_of_memory"
+    elif failed == "replicas_acked" and (
+        nodes := [n[15:] for n, ok in checks.items() if n.startswith("replicas_acked ") and not ok]
+    ):
+        detail = "no acknowledgement from the replicas of " + ", ".join(nodes)
+    elif failed == "topology":
+        detail = "; ".join(topology or ()) or "the replication topology was not checked yet"
+    elif failed == "slots" and went_back is not None:
+        slot, counter, mark = went_back
+        detail = (
+            f"slot {slot} went back in time (counter {counter} below {mark} seen): Redis lost "
+            "writes this gateway saw acknowledged; nothing is dispatched in that slot"
+        )
+    return Readiness(checks, cause, detail=detail)
+
 
 _FEED_FIELDS = ("step", "reason", "presented", "current", "worker_id", "adapter")
 
@@ -96,6 +173,13 @@ class StoreBase:
         self._persisted: dict[int, int] = {}  # the marks the state file held at the last write
         # the detail of a 503 for a missing slot marker (a Redis never initialised: UNINITIALISED)
         self.marker_missing_detail = MARKER_MISSING
+        # the last slot a script refused as gone back (slot, its counter, the mark), until a
+        # reply in it or a marks check passes: /readyz names it (checks.slots)
+        self.slot_behind: tuple[int, int, int] | None = None
+        # "marker missing" refusals: when the last `redis_marker_missing` line was logged
+        # (None: not since the last verdict) and how many refusals since
+        self._missing_logged: float | None = None
+        self._missing_refused = 0
         self._registration = registration
         self._dispatch_timeout_ms = str(dispatch_timeout_ms)
         self._retention = str(retention_seconds)
@@ -212,6 +296,7 @@ class StoreBase:
             self.slot_seen.raise_to(slot, seq)
         if reply[1] == 8:
             if len(reply) > 2:
+                self.slot_behind = (slot, seq, int(reply[3]))
                 await self.went_back(slot, seq, int(reply[3]))
                 raise StoreUnavailable(
                     "Redis has lost writes fencegate saw acknowledged (this job's slot went "
@@ -219,7 +304,14 @@ class StoreBase:
                     "must run `fencegate init --confirm-data-loss` and re-register current "
                     "generations."
                 )
+            self._missing_refused += 1
+            last = self._missing_logged
+            if last is None or time.monotonic() - last >= MISSING_LOG_SECONDS:
+                self._missing_logged = time.monotonic()
+                await self._log_marker_missing(slot)
             raise StoreUnavailable(self.marker_missing_detail)
+        if self._missing_logged is not None or self.slot_behind is not None:
+            self._verdict_in(slot)
         del reply[0]
         return reply
 
@@ -248,6 +340,37 @@ class StoreBase:
             if not fresh:
                 break
         raise StoreUnavailable("this call reached Redis too late to run; nothing was done")
+
+    def _verdict_in(self, slot: int) -> None:
+        """A script gave a verdict in ``slot``: a gone-back slot there is caught up (a Redis
+        initialised again), and the next "marker missing" is logged at once."""
+        if self.slot_behind is not None and self.slot_behind[0] == slot:
+            self.slot_behind = None
+        self._missing_logged = None
+
+    async def _log_marker_missing(self, slot: int) -> None:
+        """One `redis_marker_missing` line (when it first happens, then every
+        :data:`MISSING_LOG_SECONDS` while it lasts): the slot, whether the global marker is
+        there, and what the data says happened (:func:`durability.marker_state`)."""
+        present: bool | None = None
+        state = "unknown"
+        try:
+            present = bool(await self._client.exists(MARKER))
+            if present:
+                state = "slot_marker_missing"
+            else:
+                state = await durability.marker_state(self._client, self._state_file)
+        except _REDIS_FAILURES:
+            pass
+        refused, self._missing_refused = self._missing_refused, 0
+        log.error(
+            "redis_marker_missing",
+            slot=slot,
+            global_marker_present=present,
+            state=state,
+            refused_since_last_line=refused,
+            detail=durability.MARKER_STATES.get(state, self.marker_missing_detail),
+        )
 
     # -- durability marker ---------------------------------------------------
 
@@ -387,7 +510,10 @@ class StoreBase:
             return False
         self.marker_missing_detail = MARKER_MISSING  # initialised (by `fencegate init`) since
         if self.cluster:  # every slot's marker is its epoch (gateway.store.durability)
-            return await self._guard(self._cluster_marks_check)
+            if not await self._guard(self._cluster_marks_check):
+                return False
+            self.slot_behind = None
+            return True
         self.load_marks()  # the marks other processes wrote, before Redis is read
         if not await self._guard(
             lambda: durability.marks_check(
@@ -395,6 +521,7 @@ class StoreBase:
             )
         ):
             return False
+        self.slot_behind = None
         return await self._guard(
             lambda: durability.epoch_check(self._client, self._state_file, self._epoch_bump())
         )
@@ -406,14 +533,23 @@ class StoreBase:
         return lambda: self._batcher.execute("INCR", EPOCH)
 
     async def _cluster_marks_check(self) -> bool:
-        """Cluster: read all 16,384 markers through the router (so they wait for whatever the
-        scripts' replies wait for), compare them with the marks, then keep them as marks."""
+        """Cluster: take the marks, then read all 16,384 markers through the router (so they
+        wait for whatever the scripts' replies wait for), compare them with the marks (a slot
+        found below is read again before it is believed), then keep them as marks.
+
+        The marks are taken before the read (it lasts 100-350 ms): a slot written meanwhile
+        can only show a marker above its mark, never below."""
         assert isinstance(self._batcher, ClusterRouter)
-        current = await all_markers(self._batcher)
+        router = self._batcher
         marks = durability.read_marks(self._state_file)
-        for slot, mark in self.slot_seen.items():
+        for slot, mark in tuple(self.slot_seen.items()):
             marks[slot] = max(mark, marks.get(slot, 0))
-        if not await durability.compare_marks(self._client, marks, current):
+        current = await all_markers(router)
+
+        async def reread(slots: Sequence[int]) -> list[str | None]:
+            return await per_slot(router, [("GET", slot_marker(s)) for s in slots])
+
+        if not await durability.compare_marks(self._client, marks, current, reread=reread):
             return False
         for slot, value in current.items():
             counter = durability.counter_of(value)
@@ -444,8 +580,13 @@ class StoreBase:
         return problems
 
     async def ready(self) -> dict[str, bool]:
+        """Readiness checks by name (see :meth:`readiness`)."""
+        return (await self.readiness()).checks
+
+    async def readiness(self) -> Readiness:
         """Readiness: Redis answers, scripts loaded, durability marker present, and Redis takes
-        a write (a probe key with a TTL: not ready while Redis is out of memory)."""
+        a write (a probe key with a TTL: not ready while Redis is out of memory); with the
+        cause of the first check that failed (:data:`CAUSES`)."""
         checks = {"redis": False, "scripts": False, "marker": False, "writable": False}
         if self.durability_problems:
             checks["durable"] = False
@@ -453,6 +594,9 @@ class StoreBase:
         if acking:  # replicas_acked: the probe write must be acknowledged by the replicas too
             checks["replicas_acked"] = False
             checks["topology"] = self.topology_problems == []
+        failure: Exception | None = None
+        marker = ""
+        quarantine: dict[str, Any] | None = None
         try:
             await self._guard(self._client.ping)
             checks["redis"] = True
@@ -461,21 +605,27 @@ class StoreBase:
                 await self.load_scripts()
             checks["scripts"] = True
             checks["marker"] = bool(await self._guard(lambda: self._client.exists(MARKER)))
+            if not checks["marker"]:
+                marker = await self._guard(
+                    lambda: durability.marker_state(self._client, self._state_file)
+                )
+                if marker == "quarantined":
+                    quarantine = await self.quarantine_cause()
             # a probe write: Redis out of memory (maxmemory, noeviction) refuses every call.
             # Only next to the marker: a wiped Redis must stay empty (no "fencegate data").
             if checks["marker"]:
                 await self._guard(lambda: self._client.set(READY_PROBE, "1", px=10_000))
                 checks["writable"] = True
-            if not self.cluster:  # a Redis with maxmemory: not ready when (nearly) full
-                memory = await self._guard(lambda: self._client.info("memory"))
-                bound = int(memory.get("maxmemory") or 0)
-                if bound:
-                    checks["memory"] = int(memory.get("used_memory") or 0) < MEMORY_READY * bound
                 cluster = isinstance(self._batcher, ClusterRouter)
                 if acking and not cluster:  # through the auto-pipeline, as the verdicts
                     probe = ("SET", READY_PROBE, "1", "PX", "10000")
                     await self._guard(lambda: self._batcher.execute(*probe))
                     checks["replicas_acked"] = True
+            if not self.cluster:  # a Redis with maxmemory: not ready when (nearly) full
+                memory = await self._guard(lambda: self._client.info("memory"))
+                bound = int(memory.get("maxmemory") or 0)
+                if bound:
+                    checks["memory"] = int(memory.get("used_memory") or 0) < MEMORY_READY * bound
             if isinstance(self._batcher, ClusterRouter):  # every slot served, every primary up
                 checks["cluster"] = False
                 if acking:  # each shard: a batch on its primary acknowledged now
@@ -483,9 +633,14 @@ class StoreBase:
                     checks.update({f"replicas_acked {node}": ok for node, ok in shards.items()})
                     checks["replicas_acked"] = checks["marker"] and all(shards.values())
                 checks["cluster"] = await self._guard(self._batcher.healthy)
-        except (StoreUnavailable, RedisError):
-            pass
-        return checks
+        except (StoreUnavailable, RedisError) as exc:
+            failure = exc
+        if self.slot_behind is not None and checks["marker"]:
+            checks["slots"] = False  # a slot went back and Redis is not quarantined (yet)
+        ready = _readiness(checks, failure, marker, self.slot_behind, self.topology_problems)
+        if quarantine is not None:
+            ready = dataclasses.replace(ready, quarantine=quarantine)
+        return ready
 
     # -- the tenant-wide audit feed -------------------------------------------
 

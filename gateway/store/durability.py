@@ -44,9 +44,11 @@ from gateway.store.cluster import delete_slots, is_cluster, mget_slots, mset_slo
 from gateway.store.keys import EPOCH, MARKER, PREFIX, QUARANTINE, SLOTS, slot_marker
 
 __all__ = [
+    "MARKER_STATES",
     "compare_marks",
     "epoch_check",
     "initialize",
+    "marker_state",
     "marks_check",
     "quarantine",
     "verify_audit",
@@ -54,6 +56,7 @@ __all__ = [
 
 log = structlog.get_logger("fencegate.durability")
 Bump = Callable[[], Awaitable[Any]]  # increments fg:epoch, answers the new value
+Reread = Callable[[Sequence[int]], Awaitable[Sequence[str | None]]]  # slots -> their markers
 
 
 async def has_fencegate_data(client: aioredis.Redis) -> bool:
@@ -108,10 +111,17 @@ async def initialize(
     for i in range(0, SLOTS, 2048):
         await mset_slots(client, dict.fromkeys(markers[i : i + 2048], counter))
     await client.delete(QUARANTINE)
-    await client.set(MARKER, value)
     # a fresh start: this Redis's epoch is the new baseline, and the old marks are void
-    # (Cluster: no global epoch, the slot markers are the per-slot epochs)
-    epoch = 0 if is_cluster(client) else int(await client.incr(EPOCH))
+    # (Cluster: no global epoch, the slot markers are the per-slot epochs). It starts at the
+    # counters' clock value too: above the epoch any other data dir (another host's gateway,
+    # whose state file this init does not reset) recorded before, so their next epoch check
+    # does not take the new baseline for a restored snapshot and quarantine it again. Written
+    # before the global marker: a gateway's check that sees the marker sees this epoch.
+    epoch = 0
+    if not is_cluster(client):
+        epoch = max(int(counter), read_state(state_file) + 1, int(await client.get(EPOCH) or 0))
+        await client.set(EPOCH, str(epoch))
+    await client.set(MARKER, value)
     if state_file is not None:
         statefile.update(state_file, epoch=epoch, initialised=True, reset=True)
     return "written"
@@ -147,6 +157,32 @@ async def durability_settings(client: aioredis.Redis) -> list[str] | None:
 
 def max_mark(seen: Mapping[int, int] | None) -> int:
     return max((mark for _, mark in (seen or {}).items()), default=0)
+
+
+# What a missing durability marker means, by what else is in Redis and the data dir
+# (:func:`marker_state`); /readyz's ``marker`` and the `redis_marker_missing` log line
+MARKER_STATES = {
+    "uninitialised": "Redis has no fencegate data and this data dir never initialised one: "
+    "run `fencegate init` once (a new deployment)",
+    "wiped": "Redis has no fencegate data but this data dir initialised it before: it was "
+    "restarted without its data, flushed or replaced; fences may be gone: "
+    "`fencegate init --confirm-data-loss`, then re-register current generations",
+    "quarantined": "Redis holds fencegate data without its markers: a gateway found it had "
+    "lost acknowledged writes and quarantined it (logged there as `redis_slots_went_back` or "
+    "`redis_older_than_last_seen`), or they were removed by hand; "
+    "`fencegate init --confirm-data-loss`, then re-register current generations",
+    "slot_marker_missing": "the global marker is there but this slot's marker is not: the "
+    "slot (on Cluster: its shard) lost its data; `fencegate init --confirm-data-loss`, then "
+    "re-register current generations",
+}
+
+
+async def marker_state(client: aioredis.Redis, state_file: Path | None) -> str:
+    """Why the global marker is missing (a key of :data:`MARKER_STATES`): ``quarantined`` when
+    Redis still holds fencegate data, else ``wiped`` or ``uninitialised`` by the data dir."""
+    if await has_fencegate_data(client):
+        return "quarantined"
+    return "wiped" if initialised_before(state_file) else "uninitialised"
 
 
 def initialised_before(state_file: Path | None) -> bool:
@@ -189,14 +225,21 @@ async def marks_check(
     if not marks:
         return True
     slots = sorted(marks)
-    current: dict[int, str | None] = {}
-    for i in range(0, len(slots), 2048):
-        chunk = slots[i : i + 2048]
-        # MGET across slots, as init's MSET (one reply to parse, not 2048: ~40x faster);
-        # on Cluster one GET per slot, pipelined per node
-        values = await mget_slots(client, [slot_marker(slot) for slot in chunk])
-        current.update(zip(chunk, values, strict=True))
+    current = dict(zip(slots, await _reader(client)(slots), strict=True))
     return await compare_marks(client, marks, current)
+
+
+def _reader(client: aioredis.Redis) -> Reread:
+    """Reads slots' markers: MGET across slots, 2,048 at a time, as init's MSET (one reply to
+    parse, not 2,048: ~40x faster); on Cluster one GET per slot, pipelined per node."""
+
+    async def read(slots: Sequence[int]) -> list[str | None]:
+        values: list[str | None] = []
+        for i in range(0, len(slots), 2048):
+            values += await mget_slots(client, [slot_marker(slot) for slot in slots[i : i + 2048]])
+        return values
+
+    return read
 
 
 def counter_of(value: str | None) -> int | None:
@@ -210,16 +253,41 @@ def counter_of(value: str | None) -> int | None:
 
 
 async def compare_marks(
-    client: aioredis.Redis, marks: Mapping[int, int], current: Mapping[int, str | None]
+    client: aioredis.Redis,
+    marks: Mapping[int, int],
+    current: Mapping[int, str | None],
+    *,
+    reread: Reread | None = None,
 ) -> bool:
     """Quarantine Redis if any slot's marker (``current``) is below its mark (see
-    :func:`marks_check`); a missing marker is left to the scripts."""
+    :func:`marks_check`); a missing marker is left to the scripts.
+
+    ``marks`` must be taken before ``current`` was read. A slot found below its mark is read
+    again (``reread``; default: :func:`~gateway.store.cluster.mget_slots` on ``client``) and
+    counts as behind only if it still is: a marker only rises, so a second read below the mark
+    cannot come from a write that raced the first one. A false quarantine stops a healthy
+    deployment until an operator confirms a data loss that did not happen."""
+    flagged = [
+        slot
+        for slot, value in current.items()
+        if (counter := counter_of(value)) is not None and counter < marks.get(slot, 0)
+    ]
+    if not flagged:
+        return True
+    again = await (reread or _reader(client))(flagged)
     behind: list[tuple[int, int, int]] = []
-    for slot, value in current.items():
+    for slot, value in zip(flagged, again, strict=True):
         counter = counter_of(value)
-        if counter is not None and counter < marks.get(slot, 0):
+        if counter is not None and counter < marks[slot]:
             behind.append((slot, counter, marks[slot]))
     if not behind:
+        log.warning(
+            "redis_marks_reread",
+            slots_flagged=len(flagged),
+            example_slot=flagged[0],
+            detail="a slot's marker read below its mark was at or above it when read again: "
+            "not a loss, nothing quarantined",
+        )
         return True
     slots = sorted(current)
     slot, counter, mark = behind[0]

@@ -31,17 +31,16 @@ on the shard was acknowledged again through a gateway.
 from __future__ import annotations
 
 import asyncio
-import random
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from gateway.store.keys import key_slot
 from tests.chaos.harness import Downstream, Gateway, script_shas
+from tests.chaos.liveness import Hop
 from tests.chaos.replicas import REPLICATED, ReplicaChaos
 from tests.chaos.replicas import main as replicas_main
 from tests.chaos.replicas import run as replicas_run
@@ -49,33 +48,6 @@ from tests.chaos.wire import WireProxy
 from tests.valkey_cluster import Node, ValkeyCluster
 
 FAULTS = ("primary_kill", "replica_stop", "plain_failover", "lagging_kill")
-
-
-class Hop:
-    """Stands where the harness has its one gateway: every ``url`` is one of them at random."""
-
-    def __init__(self, gateways: list[Gateway], rng: random.Random) -> None:
-        self.gateways, self.rng = gateways, rng
-        self.picks = [0] * len(gateways)
-        self.live = list(range(len(gateways)))  # the check leaves out one that stopped answering
-
-    @property
-    def url(self) -> str:
-        i = self.rng.choice(self.live)
-        self.picks[i] += 1
-        return self.gateways[i].url
-
-    @property
-    def proc(self) -> Any:
-        """A dead gateway's process if there is one (C5 looks at it), else the first's."""
-        procs = [g.proc for g in self.gateways]
-        return next((p for p in procs if p is None or p.poll() is not None), procs[0])
-
-    def close(self) -> None:
-        for g in self.gateways:
-            if g.proc is not None and g.proc.poll() is None:
-                g.proc.kill()  # a wedged one does not act on SIGTERM: no waiting for it
-            g.close()
 
 
 class ClusterChaos(ReplicaChaos):
@@ -106,7 +78,8 @@ class ClusterChaos(ReplicaChaos):
         gateways = []
         for name in ("g1", "g2"):
             (self.workdir / name).mkdir()
-            gw = Gateway(self.workdir / name, self.cluster.url, self.dproxy.port)
+            # the marks check reads 16,384 markers through the router (0.5-0.9 s on 2 cores)
+            gw = Gateway(self.workdir / name, self.cluster.url, self.dproxy.port, epoch_interval=2)
             text = gw.cfg.read_text().replace("[redis]\n", REPLICATED + "cluster = true\n")
             # the audit anchorer every second (default 10 s): it meets every failover
             gw.cfg.write_text(text + "[audit]\nanchor_interval_seconds = 1\n")
@@ -124,6 +97,7 @@ class ClusterChaos(ReplicaChaos):
                             break
                         assert time.monotonic() < deadline, await r.text()
                     await asyncio.sleep(0.2)
+        self.start_liveness(gateways)
 
     async def teardown(self) -> None:
         self.gw.close()
@@ -173,11 +147,12 @@ class ClusterChaos(ReplicaChaos):
         c, turn = self.cluster, 0
         while not stop.is_set():
             await asyncio.sleep(self.rng.uniform(0.3, 1.0))
-            if stop.is_set():
+            if stop.is_set() or turn >= self.rounds:  # the run's turns, no more
                 return
             fault = FAULTS[turn % len(FAULTS)]
             turn += 1
             await asyncio.to_thread(c.wait_synced, 60.0)
+            window = self.fault_begins(fault)
             primary = self.rng.choice(await asyncio.to_thread(c.primaries))
             replica = (await asyncio.to_thread(c.replicas_of, primary))[0]
             if fault == "replica_stop":
@@ -206,6 +181,7 @@ class ClusterChaos(ReplicaChaos):
                 await asyncio.to_thread(c.wait_ok, 30.0)
                 if fault == "lagging_kill":  # what survived of the filler, gone (memory)
                     await asyncio.to_thread(self._fill, replica, job, 0)
+            self.fault_healed(window)
             self.faults[fault] += 1
             print(f"fault {fault} done, {sum(self.faults.values())} so far", file=sys.stderr)
 

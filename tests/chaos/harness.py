@@ -37,8 +37,10 @@ C1 no effect of generation g is applied when register(g' > g) was acknowledged b
    DISPATCH_TIMEOUT (+ slack) after register(g' > g) was acknowledged (every dispatch,
    the relay's included, must send before its deadline, taken before its admit or claim);
    R3 no step is left pending or dispatching once the traffic stopped. Empty-Redis
-   restarts must fail closed with 0 dispatches. On failure the report, history and seed
-   are written out for replay.
+   restarts must fail closed with 0 dispatches. Liveness (:mod:`tests.chaos.liveness`, every
+   run, two gateways): L1 every gateway serves again within a bound after each fault heals,
+   L2 no quarantine without a real data loss, L3 every step final or listed for a decision.
+   On failure the report, history and seed are written out for replay.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.store.embedded import EmbeddedRedis, free_port
+from tests.chaos.liveness import Hop, Liveness
 from tests.chaos.wire import WIRE_MODES, Fault, WireProxy
 
 CRASH_POINTS = ("before_admit", "after_admit", "after_dispatch", "after_record")
@@ -73,6 +76,8 @@ DISPATCH_TIMEOUT = 1.0
 # slack covers the proxy seeing the bytes a moment after the gateway's deadline check
 SEND_SLACK = 0.15
 ADAPTERS = ("dedup", "plain")
+# the periodic checks (marks against Redis's markers, the epoch) under traffic: every second
+EPOCH_INTERVAL = 1.0
 ASYNC_SHARE = 0.4
 
 
@@ -201,8 +206,17 @@ def script_shas() -> dict[str, bytes]:
 class Gateway:
     """One `fencegate serve` at a time on a fixed port; restartable, optionally crash-armed."""
 
-    def __init__(self, workdir: Path, redis_url: str, downstream_port: int) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        redis_url: str,
+        downstream_port: int,
+        *,
+        workers: int = 1,
+        epoch_interval: float = EPOCH_INTERVAL,
+    ) -> None:
         self.port = free_port()
+        self.workers = workers
         self.url = f"http://127.0.0.1:{self.port}"
         self.cfg = workdir / "chaos.toml"
         self.cfg.write_text(
@@ -212,6 +226,7 @@ url = "{redis_url}"
 data_dir = "{workdir / "state"}"
 auto_init = true
 timeout_seconds = 0.5
+epoch_interval_seconds = {epoch_interval}
 [fencing]
 dispatch_timeout_seconds = {DISPATCH_TIMEOUT}
 [server]
@@ -244,6 +259,8 @@ timeout_seconds = 0.5
         ]
         if crash_at:
             args += ["--chaos-crash-at", crash_at]
+        if self.workers > 1:
+            args += ["--workers", str(self.workers)]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
 
     async def wait_up(self, within: float = 20) -> None:
@@ -308,6 +325,24 @@ class Chaos:
         self.records: dict[str, dict[str, Any]] = {}  # job -> step -> record, at the end
         self.problems: list[str] = []
         self.stale_responses = 0
+        self.live: Liveness | None = None
+
+    def start_liveness(self, gateways: list[Gateway]) -> Liveness:
+        """Probe streams on every gateway (L1-L3, :mod:`tests.chaos.liveness`)."""
+        logs = [g.cfg.parent / "gateway.log" for g in gateways]
+        self.live = Liveness([g.url for g in gateways], logs)
+        self.live.start()
+        return self.live
+
+    async def finish_liveness(self, http: aiohttp.ClientSession, checks: dict[str, bool]) -> None:
+        """A quiet spell, the probes stopped, L1-L3 added to ``checks`` and the problems."""
+        assert self.live is not None
+        await self.live.quiet_spell()
+        await self.live.stop()
+        url = self.live.urls[0]
+        jobs = {op.job: url for op in self.history if op.kind == "effect"}
+        checks.update(await self.live.check(http, jobs))
+        self.problems += self.live.problems
 
     def payload(self, job: str, step: str, gen: int) -> dict[str, Any]:
         """Each generation's own payload for a step: its generation and a value of its own."""
@@ -448,6 +483,7 @@ class Chaos:
         """The gateway is SIGKILLed at a point of a dispatch; a new one finishes the step."""
         job, adapter = f"k{point}{i}", self.rng.choice(["dedup", "plain"])
         await self.register(http, job, 1)
+        window = self.fault_begins("gateway_kill")
         self.gw.stop()
         self.gw.start(crash_at=point)
         await self.gw.wait_up()
@@ -457,6 +493,7 @@ class Chaos:
         self.figures.gateway_kills[point] += 1
         self.gw.start()
         await self.gw.wait_up()
+        self.fault_healed(window)
         for _ in range(40):  # the worker retries the same step until it has an answer
             op = await self.effect(http, job, "notify", 1, adapter, "A")
             if op.status == 409 and op.code == "effect_in_progress":
@@ -474,6 +511,7 @@ class Chaos:
         await self.register(http, job, 1)
         await self.effect(http, job, "a", 1, "dedup", "A")
         assert self.redis.process is not None
+        window = self.fault_begins("redis_kill")
         os.kill(self.redis.process.pid, signal.SIGKILL)
         self.redis.process.wait()
         down = await self.effect(http, job, "b", 1, "dedup", "A")
@@ -481,6 +519,7 @@ class Chaos:
         self.redis.stop()
         started = time.monotonic()
         self.redis.start()
+        self.fault_healed(window)
         while (await self.effect(http, job, "b", 1, "dedup", "A")).status != 200:
             await asyncio.sleep(0.02)
         self.figures.recovery_s.append(time.monotonic() - started)
@@ -490,12 +529,14 @@ class Chaos:
         """Delay, blackhole or reset the gateway's Redis connections around live calls."""
         job, mode = f"p{i}", self.rng.choice(["delay", "blackhole", "reset"])
         await self.register(http, job, 1)
+        window = self.fault_begins("proxy_fault")
         self.proxy.mode = mode
         if mode == "reset":
             self.proxy.reset_all()
         op = await self.effect(http, job, "a", 1, "dedup", "A")
         self.figures.fault_latencies_ms.append((op.completed - op.invoked) * 1000)
         self.proxy.mode = "pass"
+        self.fault_healed(window)
         for _ in range(60):
             op = await self.effect(http, job, "a", 1, "dedup", "A")
             if op.status == 200:
@@ -508,6 +549,7 @@ class Chaos:
         job = f"e{i}"
         await self.register(http, job, 3)
         before = len(self.down.deliveries)
+        window = self.fault_begins("empty_restart")
         self.redis.stop()
         for f in (self.workdir / "redis").iterdir():
             if f.name.startswith("appendonly") or f.suffix in (".aof", ".rdb"):
@@ -527,6 +569,7 @@ class Chaos:
             "--confirm-data-loss", stdout=asyncio.subprocess.DEVNULL, env=env,
         )  # fmt: skip
         assert await init.wait() == 0
+        self.fault_healed(window)
         self.figures.empty_restarts += 1
 
     # -- the wire phase: async calls, the relay, takeovers, wire faults, operators ------
@@ -770,7 +813,15 @@ class Chaos:
                     self.figures.operator_failed += 1
         return released
 
+    def fault_begins(self, kind: str) -> Any:
+        return self.live.begin(kind) if self.live is not None else None
+
+    def fault_healed(self, window: Any) -> None:
+        if self.live is not None and window is not None:
+            self.live.heal(window)
+
     async def wire_phase(self, http: aiohttp.ClientSession, n_mixed: int, n_relay: int) -> None:
+        window = self.fault_begins("wire_phase")
         stop = asyncio.Event()
         background = [
             asyncio.create_task(self.injector(stop, random.Random(self.rng.random()))),
@@ -790,6 +841,9 @@ class Chaos:
         finally:
             stop.set()
             await asyncio.gather(*background)
+        self.proxy.disarm()
+        self.dproxy.disarm()
+        self.fault_healed(window)
         await self.settle(http, 15)
         # operators resolve what is unknown; stale workers then send async calls on those
         # steps, and the current generation redoes some of them
@@ -820,9 +874,19 @@ class Chaos:
         self.shas = script_shas()
         self.proxy = await WireProxy(self.redis.port or 0).start()
         self.dproxy = await WireProxy(self.down.port, log_http=True).start()
-        self.gw = Gateway(self.workdir, f"redis://127.0.0.1:{self.proxy.port}/0", self.dproxy.port)
+        url = f"redis://127.0.0.1:{self.proxy.port}/0"
+        self.gw = g1 = Gateway(self.workdir, url, self.dproxy.port)
         self.gw.start()
         await self.gw.wait_up()
+        # a second gateway with a data dir of its own (another host; the long run's is `serve
+        # --workers 2`, the short one's a single process: the replica run has the workers in
+        # make test): the wire and zombie phases' calls hop between the two; g1 alone meets the
+        # crash points
+        (self.workdir / "g2").mkdir()
+        g2 = Gateway(self.workdir / "g2", url, self.dproxy.port, workers=2 if self.long else 1)
+        g2.start()
+        await g2.wait_up(60)  # a supervisor and two workers on a loaded machine
+        self.start_liveness([g1, g2])
         n = {
             "zombie": 200 if self.long else 30,
             "sigstop": 24 if self.long else 4,
@@ -836,12 +900,14 @@ class Chaos:
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
                 started = time.monotonic()
+                self.gw = Hop([g1, g2], self.rng)  # type: ignore[assignment]
                 await self.wire_phase(http, n["mixed"], n["relay"])
                 self.figures.wire_phase_s = time.monotonic() - started
                 for start in range(0, n["zombie"], 25):
                     await asyncio.gather(
                         *(self.zombie(http, i) for i in range(start, min(start + 25, n["zombie"])))
                     )
+                self.gw = g1
                 for i in range(n["sigstop"]):
                     await self.sigstop(http, i)
                 for point in CRASH_POINTS:
@@ -854,12 +920,16 @@ class Chaos:
                 checks = await self.check(http)
                 for i in range(n["empty"]):
                     await self.empty_restart(http, i)
+                await self.finish_liveness(http, checks)
             checks["empty Redis restarts fail closed with 0 dispatches"] = (
                 self.figures.empty_restart_dispatches == 0
                 and self.figures.empty_restart_refusals == 4 * n["empty"]
             )
         finally:
-            self.gw.close()
+            if self.live is not None and self.live._tasks:
+                await self.live.stop()
+            g2.close()
+            g1.close()
             self.proxy.close()
             self.dproxy.close()
             await runner.cleanup()
@@ -1126,6 +1196,7 @@ class Chaos:
              str(f.audited_unanswered)),
             ("accepted async calls later audited stale (the relay found them superseded)",
              str(f.relay_superseded_audited)),
+            *(self.live.rows() if self.live is not None else []),
         ]  # fmt: skip
         mode = "long" if self.long else "short"
         lines = [f"seed {self.seed}, {mode} run, {len(self.history)} calls recorded", ""]
@@ -1143,6 +1214,10 @@ class Chaos:
             "history": [asdict(op) for op in self.history],
             "deliveries": [asdict(d) for d in self.down.deliveries],
             "sends": [asdict(s) for s in self.dproxy.sends],
+            "liveness": {
+                "windows": [asdict(w) for w in self.live.windows] if self.live else [],
+                "calls": [asdict(c) for c in self.live.calls] if self.live else [],
+            },
             "wire_faults": {
                 "redis": [asdict(h) | {"match": h.match.decode()} for h in self.proxy.hits],
                 "downstream": [asdict(h) | {"match": h.match.decode()} for h in self.dproxy.hits],
@@ -1162,6 +1237,7 @@ def run(seed: int, long: bool, keep: Path | None = None) -> tuple[bool, str]:
             out.mkdir(parents=True, exist_ok=True)
             chaos.dump(out / "history.json")
             shutil.copy(Path(tmp) / "gateway.log", out / "gateway.log")
+            shutil.copy(Path(tmp) / "g2" / "gateway.log", out / "g2-gateway.log")
             report += f"\nreport, history, seed and logs kept in {out}"
             (out / "report.txt").write_text(report + "\n")
         return ok, report

@@ -59,6 +59,7 @@ class ReplicaChaos(Chaos):
         self.faults: dict[str, int] = dict.fromkeys(self.FAULTS, 0)
         self.writes_back_s: list[float] = []
         self.withheld = 0
+        self.rounds = 0  # fault turns of the run
 
     async def fail_over(self, *, lagging: bool) -> None:
         """kill -9 of the primary, the replica promoted, the old one back as its replica."""
@@ -90,16 +91,18 @@ class ReplicaChaos(Chaos):
         turn = 0
         while not stop.is_set():
             await asyncio.sleep(self.rng.uniform(0.3, 1.0))
-            if stop.is_set():
+            if stop.is_set() or turn >= self.rounds:  # the run's turns, no more
                 return
             fault = FAULTS[turn % len(FAULTS)]
             turn += 1
+            window = self.fault_begins(fault)
             if fault == "replica_stop":
                 self.rs.replicas[0].pause()
                 await asyncio.sleep(self.rng.uniform(0.2, 1.0))
                 self.rs.replicas[0].resume()
             else:
                 await self.fail_over(lagging=fault == "lagging_failover")
+            self.fault_healed(window)
             self.faults[fault] += 1
             print(f"fault {fault} done, {sum(self.faults.values())} so far", file=sys.stderr)
 
@@ -110,10 +113,12 @@ class ReplicaChaos(Chaos):
         self.shas = script_shas()
         self.proxy = await WireProxy(self.rs.primary.port).start()
         self.dproxy = await WireProxy(self.down.port, log_http=True).start()
-        self.gw = Gateway(self.workdir, f"redis://127.0.0.1:{self.proxy.port}/0", self.dproxy.port)
+        url = f"redis://127.0.0.1:{self.proxy.port}/0"
+        self.gw = Gateway(self.workdir, url, self.dproxy.port, workers=2)  # serve --workers 2
         self.gw.cfg.write_text(self.gw.cfg.read_text().replace("[redis]\n", REPLICATED))
         self.gw.start()
         await self.gw.wait_up()
+        self.start_liveness([self.gw])
 
     async def teardown(self) -> None:
         self.gw.close()
@@ -124,7 +129,7 @@ class ReplicaChaos(Chaos):
 
     async def run(self) -> dict[str, Any]:
         await self.setup()
-        rounds = 24 if self.long else len(self.FAULTS)  # fault turns (short: each kind once)
+        rounds = self.rounds = 24 if self.long else len(self.FAULTS)  # short: each kind once
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
                 stop = asyncio.Event()
@@ -139,7 +144,10 @@ class ReplicaChaos(Chaos):
                 self.withheld = sum(op.status == 503 for op in self.history)
                 await self.settle(http, 20)
                 checks = await self.check(http)
+                await self.finish_liveness(http, checks)
         finally:
+            if self.live is not None:
+                await self.live.stop()
             await self.teardown()
         return checks
 

@@ -20,6 +20,8 @@ def test_short_cluster_chaos_run_holds_every_invariant() -> None:
     ok, report = run(seed, long=False)
     print("\n" + report)
     assert ok, report
+    # alive, not only safe: no false quarantine, and the gateways served after every fault
+    assert _figure(report, "false quarantines or slots gone back (must be 0)") == "0"
     faults = "primary kills / replica stops / plain failovers / lagging kills"
     assert _figure(report, faults) == "1 / 1 / 1 / 1"
     assert _figure(report, "failovers (automatic after kill -9 + plain)") == "3"

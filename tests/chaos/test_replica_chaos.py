@@ -24,6 +24,8 @@ def test_short_replica_chaos_run_holds_every_invariant() -> None:
     ok, report = run(seed, long=False)
     print("\n" + report)
     assert ok, report
+    # alive, not only safe: no false quarantine, and the gateways served after every fault
+    assert _figure(report, "false quarantines or slots gone back (must be 0)") == "0"
     assert _figure(report, "replica stops / primary kills / lagging failovers") == "1 / 1 / 1"
     assert _figure(report, "stale effects applied") == "0"
     assert _figure(report, "superseded sends (must be 0)") == "0"

@@ -218,6 +218,43 @@ async def test_a_slot_gone_back_fails_closed_and_the_periodic_check_reads_every_
     assert other.status == 503
 
 
+async def test_the_periodic_marks_check_under_traffic_on_every_shard_quarantines_nothing(
+    make_gateway: Any,  # noqa: F811 (cluster_support's)
+    valkey_cluster: ValkeyCluster,
+) -> None:
+    """The periodic check reads all 16,384 markers (hundreds of ms) while registrations on
+    jobs of every shard raise their slots' counters: a counter read before a write that then
+    raised the slot's mark is not a slot gone back. No quarantine; every call a verdict."""
+    gw: Gateway = await make_gateway()
+    store: Store = gw.app[K.STORE]
+    jobs = [f"busy{i}" for i in range(24)]
+    owners = {valkey_cluster.owner(JobKeys("default", job).slot).port for job in jobs}
+    assert owners == {p.port for p in valkey_cluster.primaries()}
+    statuses: Counter[int] = Counter()
+    stop, under_way = asyncio.Event(), asyncio.Event()
+
+    async def traffic(job: str) -> None:
+        generation = 0
+        while not stop.is_set():
+            generation += 1
+            statuses[(await gw.register(job, generation=generation)).status] += 1
+            if sum(statuses.values()) >= len(jobs):
+                under_way.set()
+
+    tasks = [asyncio.create_task(traffic(job)) for job in jobs]
+    try:
+        await under_way.wait()  # every slot written before the first check
+        checks = [await store.heartbeat_epoch() for _ in range(4)]
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    assert checks == [True] * 4
+    assert set(statuses) == {201}, statuses
+    primaries = [valkey_cluster.client(p) for p in valkey_cluster.primaries()]
+    assert sum(len(c.keys("fg:marker*")) for c in primaries) == SLOTS + 1  # and the global one
+    assert (await gw.register(jobs[0], generation=10**6)).status == 201
+
+
 async def test_audit_verify_and_scans_cover_every_primary(
     gw: Gateway, valkey_cluster: ValkeyCluster
 ) -> None:

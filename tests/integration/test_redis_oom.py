@@ -76,7 +76,8 @@ async def test_redis_oom_answers_503_everywhere_and_readyz_is_not_ready(
         assert beat.status in (200, 503)
         ready = await client.get("/readyz")
         assert ready.status == 503
-        assert (await ready.json())["checks"]["writable"] is False
+        why = await ready.json()
+        assert why["checks"]["writable"] is False and why["cause"] == "out_of_memory"
         # memory back: ready again, and the same calls work
         admin.delete(*[f"fg:filler:{i}" for i in range(filled)])
         admin.config_set("maxmemory", "0")

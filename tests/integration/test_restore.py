@@ -26,9 +26,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.http import appkeys as K
 from gateway.http.app import create_app
-from gateway.store import statefile
+from gateway.store import durability, statefile
 from gateway.store.embedded import EmbeddedRedis
-from gateway.store.keys import EPOCH, MARKER, JobKeys
+from gateway.store.keys import EPOCH, MARKER, JobKeys, slot_marker
+from gateway.store.store import connect
 from tests.conftest import Gateway, Upstream, gateway_settings
 from tests.integration.test_serve import Serve, children_of, init, wait_dead
 
@@ -104,6 +105,13 @@ async def code(resp: Any) -> tuple[int, str]:
     return resp.status, body.get("code", "")
 
 
+async def readiness(gw: Gateway) -> tuple[int, str | None, str | None]:
+    """/readyz's status, cause and (for a missing marker) what the data says happened."""
+    resp = await gw.client.get("/readyz")
+    body = await resp.json()
+    return resp.status, body["cause"], body["marker"]
+
+
 async def register2_after_backup(gw: Gateway, durable: DurableRedis, tmp_path: Path) -> Path:
     """register(1), the backup, then register(2) (acknowledged), gen 2's effect and more
     writes: the backup is from before register(2)."""
@@ -141,7 +149,9 @@ async def test_restored_backup_refused_while_the_gateway_runs(
     assert await gw.app[K.STORE].heartbeat_epoch() is False
     assert c.get(MARKER) is None
     ready = await gw.client.get("/readyz")
-    assert ready.status == 503 and (await ready.json())["checks"]["marker"] is False
+    body = await ready.json()
+    assert ready.status == 503 and body["checks"]["marker"] is False
+    assert (body["cause"], body["marker"]) == ("marker_missing", "quarantined")
     c.close()
 
 
@@ -185,21 +195,65 @@ async def test_a_wiped_redis_is_not_initialised_by_a_gateway_with_a_fresh_data_d
     refused = await first.register("r", generation=1)
     assert await code(refused) == (503, "store_unavailable")
     assert "fencegate init" in (await refused.json())["detail"]
-    assert (await first.client.get("/readyz")).status == 503
+    assert await readiness(first) == (503, "marker_missing", "uninitialised")
     c = durable.client()
     assert c.dbsize() == 0, "nothing written to a Redis nobody initialised"
     assert await first.app[K.STORE].initialize(auto=False) == "written"  # `fencegate init`
     assert (await first.register("r", generation=1)).status == 201
     assert (await first.effect("r", "notify", 1)).status == 200
     c.flushall()  # the Redis is wiped (or replaced by an empty one)
+    assert await readiness(first) == (503, "marker_missing", "wiped")  # its data dir knows
     fresh: Gateway = await gateways("fresh", auto_init=False)  # the default outside the tests
-    assert (await fresh.client.get("/readyz")).status == 503
+    assert await readiness(fresh) == (503, "marker_missing", "uninitialised")
     reg = await fresh.register("r", generation=1)
     assert await code(reg) == (503, "store_unavailable")
     assert "fencegate init" in (await reg.json())["detail"]
     assert await code(await fresh.effect("r", "notify", 1)) == (503, "store_unavailable")
     assert c.dbsize() == 0
     assert len(upstream.received) == 1, "the completed step was sent again"
+    c.close()
+
+
+async def test_a_slot_read_below_its_mark_is_read_again_before_a_quarantine(
+    durable: DurableRedis,
+) -> None:
+    """A marker read below its mark (a read that raced the write raising the mark) is read
+    again before Redis is quarantined: at or above its mark then, it is no loss. Still below,
+    Redis is quarantined."""
+    c = durable.client()
+    client = connect(durable.url, timeout=2, max_connections=2)
+    assert await durability.initialize(client, None, auto=True) == "written"
+    slot = JobKeys("default", "r").slot
+    now = int(c.get(slot_marker(slot)))
+    try:
+        raced = {slot: str(now - 5)}  # what a first read saw before the write
+        assert await durability.compare_marks(client, {slot: now}, raced) is True
+        assert c.get(MARKER) is not None and c.get(slot_marker(slot)) == str(now)
+        assert await durability.compare_marks(client, {slot: now + 1}, raced) is False
+        assert c.get(MARKER) is None and c.get(slot_marker(slot)) is None  # quarantined
+    finally:
+        await client.aclose()
+        c.close()
+
+
+async def test_a_confirmed_init_is_not_quarantined_by_a_gateway_with_another_data_dir(
+    gateways: Any, durable: DurableRedis
+) -> None:
+    """`fencegate init --confirm-data-loss` resets the state file of the data dir it runs
+    with; a gateway of another data dir (another host) recorded a higher epoch before the loss
+    and must not take the new baseline for a restored snapshot (no quarantine, it serves)."""
+    a: Gateway = await gateways("a")
+    b: Gateway = await gateways("b")
+    for gw in (a, b, a, b):  # both record epochs (their periodic checks)
+        assert await gw.app[K.STORE].heartbeat_epoch() is True
+    assert (await b.register("r", generation=3)).status == 201
+    c = durable.client()
+    c.flushall()  # the data is lost; the operator looks, then confirms from a's data dir
+    assert await a.app[K.STORE].initialize(auto=False, confirm_data_loss=True) == "written"
+    assert await b.app[K.STORE].heartbeat_epoch() is True
+    assert c.get(MARKER) is not None
+    assert (await b.register("r", generation=1)).status == 201  # re-registered after the loss
+    assert (await a.register("r", generation=2)).status == 201
     c.close()
 
 

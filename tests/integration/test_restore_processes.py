@@ -190,9 +190,12 @@ def test_a_restored_backup_is_refused_by_every_worker_of_one_serve(
     cause = quarantined(durable)
     assert cause is not None and cause["counter"] < cause["seen"], cause
     assert cause["cause"] in ("slot_went_back", "witness_went_back")
-    ready = s.call("GET", "/readyz")
+    ready = s.call("GET", "/readyz")  # what the operator sees, on every worker
     assert ready[0] == 503 and ready[1]["checks"]["marker"] is False
+    assert (ready[1]["cause"], ready[1]["marker"]) == ("marker_missing", "quarantined")
+    assert ready[1]["quarantine"]["cause"] == cause["cause"]
     assert f"redis_{cause['cause']}" in s.output()
+    assert "redis_marker_missing" in s.output()  # the worker that did not quarantine says why
     # the operator confirms the loss, the scheduler re-registers: every worker serves again
     assert init(cfg, tmp_path, "--confirm-data-loss").returncode == 0
     assert register(s, "r", 3) == 201

@@ -11,9 +11,11 @@ from typing import Any
 
 import redis
 from aiohttp.test_utils import TestClient, TestServer
+from structlog.testing import capture_logs
 
 from gateway.http.app import create_app
 from gateway.store.embedded import EmbeddedRedis, free_port
+from gateway.store.keys import JobKeys
 from gateway.store.store import Store, connect
 from tests.conftest import Gateway, Upstream, gateway_settings
 
@@ -31,7 +33,9 @@ async def test_redis_unreachable_fails_closed(make_gateway: Any, upstream: Upstr
     assert await problem_code(await gw.register("r", generation=1)) == (503, "store_unavailable")
     assert await problem_code(await gw.heartbeat("r", 1)) == (503, "store_unavailable")
     ready = await gw.client.get("/readyz")
-    assert ready.status == 503 and (await ready.json())["checks"]["redis"] is False
+    body = await ready.json()
+    assert ready.status == 503 and body["checks"]["redis"] is False
+    assert body["cause"] == "redis_unreachable" and "unreachable" in body["detail"]
     assert (await gw.client.get("/healthz")).status == 200
     assert upstream.received == []
 
@@ -57,11 +61,22 @@ async def test_wiped_redis_fails_closed_until_confirmed_init(
     assert (await gw.effect("r", "a", 5)).status == 200
     redis_sync.flushall()  # scripts stay cached: only the markers can tell
     # a zombie (implicit mode would admit it) and a replay that would duplicate
-    assert await problem_code(await gw.effect("r", "a", 5)) == (503, "store_unavailable")
-    assert await problem_code(await gw.register("r", generation=1)) == (503, "store_unavailable")
-    assert await problem_code(await gw.heartbeat("r", 5)) == (503, "store_unavailable")
+    with capture_logs() as logs:
+        assert await problem_code(await gw.effect("r", "a", 5)) == (503, "store_unavailable")
+        assert await problem_code(await gw.register("r", generation=1)) == (
+            503,
+            "store_unavailable",
+        )
+        assert await problem_code(await gw.heartbeat("r", 5)) == (503, "store_unavailable")
+    # why, once (not once per refused call): the slot, the global marker gone, a wiped Redis
+    missing = [e for e in logs if e["event"] == "redis_marker_missing"]
+    assert len(missing) == 1, missing
+    assert missing[0]["slot"] == JobKeys("default", "r").slot
+    assert missing[0]["global_marker_present"] is False and missing[0]["state"] == "wiped"
     ready = await gw.client.get("/readyz")
-    assert ready.status == 503 and (await ready.json())["checks"]["marker"] is False
+    body = await ready.json()
+    assert ready.status == 503 and body["checks"]["marker"] is False
+    assert (body["cause"], body["marker"]) == ("marker_missing", "wiped")
     assert len(upstream.received) == 1
     assert redis_sync.dbsize() == 0, "a refused call must write nothing"
 
