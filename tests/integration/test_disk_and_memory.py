@@ -163,7 +163,9 @@ def test_the_embedded_redis_refuses_writes_at_its_memory_bound_and_stays_up(
         assert refused[0] == 503 and "out of memory" in refused[1]["detail"]
         assert s.call("GET", "/v1/jobs/r")[1]["fence"] == 1  # reads still answer
         ready = s.call("GET", "/readyz")
-        assert ready[0] == 503 and ready[1]["checks"]["memory"] is False, ready
+        # the probe write refused (out of memory) or memory above 95 % of the bound
+        assert ready[0] == 503, ready
+        assert ready[1]["cause"] in ("out_of_memory", "memory_nearly_full"), ready
         assert _alive(pid), "the bound must refuse writes, not end Redis"
     finally:
         s.stop()
