@@ -22,6 +22,7 @@ from gateway.console.data import BadFilter, iso, redis_call
 from gateway.console.guard import Refused, check_request, security_headers
 from gateway.console.live import FeedPump, Streams
 from gateway.core.errors import FencegateError
+from gateway.fencing.tenancy import Tenancy, resolve_tenancy
 from gateway.runtime.settings import Settings
 from gateway.store.anchors import anchor_path
 from gateway.store.consolestate import ConsoleState
@@ -46,6 +47,7 @@ class Console:
     audit_keys: list[str]
     host_allowed: Callable[[str], bool]
     store_of: Callable[[], Store]
+    tenancy: Tenancy  # the downstream key of a step (the one its adapter sent)
     runs: ChainRuns | None = None
     state: ConsoleState | None = None  # revocations, login throttling (made at startup)
 
@@ -308,6 +310,7 @@ def build(
         audit_keys=audit_keys,
         host_allowed=host_allowed,
         store_of=store,
+        tenancy=resolve_tenancy(settings),
     )
     app[CONSOLE] = console
     aiohttp_jinja2.setup(

@@ -12,7 +12,6 @@ import aiohttp_jinja2
 from aiohttp import web
 
 from gateway.console.data import (
-    REASONS,
     SCAN_CAP,
     BadFilter,
     Filters,
@@ -25,6 +24,7 @@ from gateway.console.data import (
 )
 from gateway.console.live import id_key, next_or_closed, open_stream
 from gateway.console.site import CONSOLE, render, session_of
+from gateway.core.reasons import REASONS
 
 __all__ = ["add_routes"]
 

@@ -25,7 +25,8 @@ from aiohttp import web
 from adapters.base import Adapter, AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import console
-from gateway.core.errors import FencegateError, InternalError, Rejection, StoreUnavailable
+from gateway.core.errors import FencegateError, InternalError, StoreUnavailable
+from gateway.core.reasons import REFUSALS
 from gateway.core.tokens import TokenSigner
 from gateway.fencing.bulkheads import HttpPools, scope_adapters
 from gateway.fencing.completion import CompletionService
@@ -90,7 +91,7 @@ async def _request_middleware(
     if error is not None:
         response = problem_response(error)
         metrics.problem_counter(error.code, str(error.http_status)).inc()
-        if isinstance(error, Rejection) or error.code == "bad_token":
+        if error.code in REFUSALS:  # the audited refusals (gateway.core.reasons)
             metrics.rejection_counter(error.code).inc()
             context["presented"] = error.fields.get("presented")
             context["current"] = error.fields.get("current")
@@ -146,6 +147,7 @@ def create_app(
     )
     app[GUARD] = GuardSlot()  # `fencegate serve` puts its connection guard here
     app[K.SETTINGS] = settings
+    app[K.TENANCY] = tenancy
     app[K.METRICS] = Metrics()
     app[K.AUTH] = Authenticator(settings.auth.keys, secret)
     app[BROWSER_GUARD] = BrowserGuard(settings.server, open_mode=app[K.AUTH].open)
