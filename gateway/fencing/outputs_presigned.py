@@ -6,8 +6,9 @@ recorded yet is read once from the store (size, sha256, content type) and the fe
 record script runs for it. A signed URL carries no length bound (obstore signs neither a
 Content-Length header nor a POST policy), so the size is checked here: an object larger
 than ``outputs.max_bytes`` (its HEAD, or the bytes read) is deleted, its claim ends,
-nothing is recorded and the completion is answered ``413 payload_too_large``. Nothing is decided here: a record the fence refuses is left
-to the completion script, which refuses and audits the completion itself.
+nothing is recorded and the completion is answered ``413 payload_too_large``. Nothing else
+is decided here: a record the fence refuses is left to the completion script, which
+refuses and audits the completion itself.
 """
 
 from __future__ import annotations
