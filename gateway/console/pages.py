@@ -278,7 +278,9 @@ async def chain_stream(request: web.Request) -> web.StreamResponse:
     console = request.app[CONSOLE]
     session = session_of(request)
     run = console.runs.runs.get(session.tenant) if console.runs else None
-    async with open_stream(request, console.streams) as (sse, closed):
+    async with open_stream(
+        request, console.streams, session=session.nonce, tenant=session.tenant
+    ) as (sse, closed):
         if run is None:
             return sse
         while not closed.done():

@@ -133,7 +133,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     call = _call(request)
     queue = await console.pump.subscribe(session.tenant)
     try:
-        async with open_stream(request, console.streams) as (sse, closed):
+        async with open_stream(
+            request, console.streams, session=session.nonce, tenant=session.tenant
+        ) as (sse, closed):
             last = after or await feed_top(call, session.tenant)
 
             async def send(entry: str, fields: dict[str, str]) -> None:

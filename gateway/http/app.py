@@ -43,6 +43,7 @@ from gateway.http.jobviews import JOB_ROUTES
 from gateway.http.openapi import build_openapi
 from gateway.http.outputs import OUTPUT_ROUTES, OUTPUTS
 from gateway.http.problems import from_http_exception, problem_response
+from gateway.http.tenantshare import claim_connection, tenant_share
 from gateway.http.views import HOT_HANDLERS, ROUTES
 from gateway.objects import build_object_store
 from gateway.objects.space import SpaceFloor
@@ -142,6 +143,7 @@ def create_app(
         middlewares=[
             serving,
             _request_middleware,
+            tenant_share,  # the connection's tenant, from its first authenticated request
             body_deadline(settings.connections.body_timeout_seconds),
         ],
     )
@@ -385,5 +387,6 @@ def create_app(
         keys=app[K.AUTH],
         host_allowed=app[BROWSER_GUARD].host_allowed,
         store=lambda: app[K.STORE],
+        claim_connection=claim_connection,
     )
     return app

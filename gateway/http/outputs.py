@@ -133,20 +133,44 @@ def _media_type(value: str | None) -> str:
     return value.strip()
 
 
-def _body_chunks(request: web.Request, idle: float) -> AsyncIterator[bytes]:
-    """The request body as it arrives; each read must come within ``idle`` seconds."""
+def _body_chunks(
+    request: web.Request, idle: float, rate: int = 0, window: float = 10.0
+) -> AsyncIterator[bytes]:
+    """The request body as it arrives; each byte must come within ``idle`` seconds of the
+    last, and with ``rate`` every ``window`` seconds spent waiting for the client must bring
+    at least ``rate * window`` bytes (a trickle inside the idle limit would hold a connection
+    and the output's claim for the whole upload timeout). Only time spent waiting for the
+    client counts: a slow object store, which stops this reader, never cuts an upload."""
+    loop = asyncio.get_running_loop()
 
     async def chunks() -> AsyncIterator[bytes]:
+        spent = quiet = 0.0  # waiting, in this window / since the last byte
+        got = 0
         while True:
+            if rate and spent >= window:
+                if got < rate * spent:
+                    raise RequestTimeout(
+                        f"the body arrived at {got / spent:.0f} bytes/s over {spent:.0f} s, "
+                        f"below outputs.min_upload_bytes_per_second ({rate})"
+                    )
+                spent, got = 0.0, 0
+            wait = idle - quiet if not rate else min(idle - quiet, window - spent)
+            began = loop.time()
             try:
-                async with asyncio.timeout(idle):
+                async with asyncio.timeout(max(wait, 0.0)):
                     chunk = await request.content.readany()
             except TimeoutError:
-                raise RequestTimeout(f"no byte of the body arrived for {idle:g} s") from None
+                waited = loop.time() - began
+                spent, quiet = spent + waited, quiet + waited
+                if quiet >= idle:
+                    raise RequestTimeout(f"no byte of the body arrived for {idle:g} s") from None
+                continue  # the window ended: its rate is checked above
             except Exception as exc:  # aiohttp's payload errors, a reset: the client went away
                 raise InvalidRequest(f"the body broke off: {type(exc).__name__}") from None
+            spent, quiet = spent + loop.time() - began, 0.0
             if not chunk:
                 return
+            got += len(chunk)
             yield chunk
 
     return chunks()
@@ -159,10 +183,16 @@ async def put_output(request: web.Request) -> web.Response:
     content_type = _media_type(request.headers.get("Content-Type"))
     gen = await _generation(request, keys, step=f"output:{name}", worker_id=worker_id)
     service = request.app[OUTPUTS]
-    idle = request.app[K.SETTINGS].connections.body_timeout_seconds
+    settings = request.app[K.SETTINGS]
+    body = _body_chunks(
+        request,
+        settings.connections.body_timeout_seconds,
+        settings.outputs.min_upload_bytes_per_second,
+        settings.outputs.min_upload_window_seconds,
+    )
     try:
         entry = await service.put(
-            keys, gen, name, _body_chunks(request, idle), content_type=content_type,
+            keys, gen, name, body, content_type=content_type,
             content_length=request.content_length, worker_id=worker_id or "", by=principal.who,
         )  # fmt: skip
     except FencegateError as exc:
@@ -239,7 +269,7 @@ async def get_output(request: web.Request) -> web.StreamResponse:
     return response
 
 
-_UPLOAD_PROBLEMS = (400, 401, 403, 408, 409, 413, 503)
+_UPLOAD_PROBLEMS = (400, 401, 403, 408, 409, 413, 429, 503)
 
 OUTPUT_ROUTES: tuple[Route, ...] = (
     Route(
