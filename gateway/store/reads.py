@@ -26,8 +26,9 @@ class StoreReads(StoreBase):
     # -- views ---------------------------------------------------------------
 
     async def effect(self, keys: JobKeys, step: str) -> EffectRecord | None:
-        values = await self._guard(
-            lambda: self._client.hmget(keys.effect(step), RECORD_FIELDS)  # type: ignore[arg-type]
+        # decode_responses=True: every value is a str
+        values: list[str | None] = await self._guard(
+            lambda: self._client.hmget(keys.effect(step), RECORD_FIELDS)  # type: ignore[arg-type,return-value]
         )
         return EffectRecord.from_values(values)
 
