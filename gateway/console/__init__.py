@@ -33,9 +33,12 @@ def mount(
     keys: Keys,
     host_allowed: Callable[[str], bool],
     store: Callable[[], Store],
+    claim_connection: Callable[[web.Request, str], bool] | None = None,
 ) -> None:
     """Mount the console at ``/console`` unless ``[console] enabled`` is false. Its open SSE
-    streams are ended first thing at shutdown (before the in-flight dispatches are drained)."""
+    streams are ended first thing at shutdown (before the in-flight dispatches are drained).
+    ``claim_connection(request, tenant)`` counts a logged-in request's connection for its
+    tenant (False: over ``connections.max_per_tenant``, gateway.http.tenantshare)."""
     if not settings.console.enabled:
         return
     from gateway.console import site
@@ -47,6 +50,7 @@ def mount(
         keys=keys,
         host_allowed=host_allowed,
         store=store,
+        claim_connection=claim_connection,
     )
     app[_MOUNTED] = console_app
     app.add_subapp(site.PREFIX, console_app)

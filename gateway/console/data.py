@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.core.reasons import REASONS
 from gateway.runtime.settings import NAME_RE
 from gateway.store.keys import JobKeys, audit_feed
 from gateway.store.store import Store
@@ -34,20 +35,8 @@ Call = Callable[..., Awaitable[Any]]
 SCAN_CAP = 5000  # feed entries looked at for one page of filtered rows
 JOB_CAP = 5000  # entries of one job's stream shown
 _ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
-_REASON = re.compile(r"[a-z_]{1,64}")
 _WORKER = re.compile(r"[\x21-\x7e]{1,128}")
 _TIME = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d")
-REASONS = (
-    "stale_generation",
-    "future_generation",
-    "unregistered",
-    "lease_expired",
-    "cancelled",
-    "bad_token",
-    "intent_mismatch",
-    "operator_resolved_delivered",
-    "operator_resolved_not_delivered",
-)
 
 
 def redis_call(store: Callable[[], Store]) -> Call:
@@ -105,7 +94,7 @@ class Filters:
         )
         if job and not NAME_RE.fullmatch(job):
             raise BadFilter("job must be a job id (letters, digits, '.', '_', '-')")
-        if reason and not _REASON.fullmatch(reason):
+        if reason and reason not in REASONS:
             raise BadFilter("reason must be one of the listed reasons")
         if worker and not _WORKER.fullmatch(worker):
             raise BadFilter("worker must be 1 to 128 printable ASCII characters")

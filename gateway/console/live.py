@@ -27,6 +27,7 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 from redis.exceptions import RedisError
 
+from gateway.core.errors import TooManyHeld
 from gateway.store.keys import audit_feed
 
 __all__ = ["FeedPump", "Streams", "id_key", "open_stream"]
@@ -114,12 +115,40 @@ class FeedPump:
 
 
 class Streams:
-    """Every open SSE response of this process, ended together at shutdown."""
+    """Every open SSE response of this process, ended together at shutdown, counted per
+    login (``per_session``: the session id) and per tenant (``per_tenant``; 0: no cap)."""
 
-    def __init__(self, ping_seconds: float) -> None:
+    def __init__(self, ping_seconds: float, per_session: int = 0, per_tenant: int = 0) -> None:
         self.ping_seconds = ping_seconds
         self.open: set[EventSourceResponse] = set()
         self.closing = False
+        self.caps = {"sse_per_session": per_session, "sse_per_tenant": per_tenant}
+        self.held: dict[tuple[str, str], int] = {}  # ("sse_per_session", nonce) -> streams
+
+    def hold(self, session: str, tenant: str) -> tuple[tuple[str, str], ...]:
+        """Count one more stream of ``session`` and ``tenant``; :class:`TooManyHeld` past
+        a cap (nothing counted). Give the returned keys back with :meth:`release`."""
+        keys = (("sse_per_session", session), ("sse_per_tenant", tenant))
+        for key in keys:
+            cap = self.caps[key[0]]
+            if cap and self.held.get(key, 0) >= cap:
+                whose = "this login" if key[0] == "sse_per_session" else f"tenant {tenant!r}"
+                raise TooManyHeld(
+                    f"{whose} has {cap} live streams open (console.{key[0]}): close a tab "
+                    "or retry later",
+                    limit=f"console.{key[0]}",
+                    retry_after=max(1, round(self.ping_seconds * 2)),
+                )
+        for key in keys:
+            self.held[key] = self.held.get(key, 0) + 1
+        return keys
+
+    def release(self, keys: tuple[tuple[str, str], ...]) -> None:
+        for key in keys:
+            if (left := self.held.get(key, 0) - 1) > 0:
+                self.held[key] = left
+            else:
+                self.held.pop(key, None)
 
     async def close_all(self, _app: web.Application | None = None) -> None:
         self.closing = True
@@ -129,25 +158,30 @@ class Streams:
 
 @contextlib.asynccontextmanager
 async def open_stream(
-    request: web.Request, streams: Streams
+    request: web.Request, streams: Streams, *, session: str, tenant: str
 ) -> AsyncIterator[tuple[EventSourceResponse, asyncio.Future[None]]]:
     """Prepare an SSE response (its ping set in the constructor: assigning it later does
     nothing) and register it; yields it and a future that ends when the client went away or
-    the gateway shuts down."""
+    the gateway shuts down. Past a cap of :class:`Streams`: :class:`TooManyHeld`, before
+    anything is sent."""
     if streams.closing:
         raise web.HTTPServiceUnavailable(text="shutting down")
-    sse = EventSourceResponse(ping_interval=streams.ping_seconds)
-    await sse.prepare(request)
-    streams.open.add(sse)
-    closed: asyncio.Future[None] = asyncio.ensure_future(sse.wait())
+    held = streams.hold(session, tenant)
     try:
-        async with sse:
-            yield sse, closed
-    except ConnectionResetError:
-        pass
+        sse = EventSourceResponse(ping_interval=streams.ping_seconds)
+        await sse.prepare(request)
+        streams.open.add(sse)
+        closed: asyncio.Future[None] = asyncio.ensure_future(sse.wait())
+        try:
+            async with sse:
+                yield sse, closed
+        except ConnectionResetError:
+            pass
+        finally:
+            closed.cancel()
+            streams.open.discard(sse)
     finally:
-        closed.cancel()
-        streams.open.discard(sse)
+        streams.release(held)
 
 
 async def next_or_closed(queue: asyncio.Queue[Row], closed: asyncio.Future[None]) -> Row:

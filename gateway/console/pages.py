@@ -96,10 +96,11 @@ async def job_page(request: web.Request) -> web.Response:
     events = [_audit_event(n, entry, f) for n, (entry, f) in enumerate(rows)]
     effects = []
     for step, r in sorted((view.effects if view else {}).items()):
+        key = console.tenancy.key(session.tenant, job, step, r.adapter)
         raw = {
             "job_id": job, "step": step, "state": r.state, "generation": r.generation,
             "intent_sha256": r.intent_sha256, "adapter": r.adapter, "operation": r.operation,
-            "idempotency_key": f"{job}:{step}", "result": r.result, "error": r.error,
+            "idempotency_key": key, "result": r.result, "error": r.error,
             "attempts": r.attempts, "worker_id": r.worker_id,
             "created_at": iso(r.created_at_ms), "updated_at": iso(r.updated_at_ms),
             "resolved_by": getattr(r, "resolved_by", None),
@@ -107,6 +108,7 @@ async def job_page(request: web.Request) -> web.Response:
         effects.append(
             {
                 "step": step,
+                "key": key,
                 "record": r,
                 "raw": _pretty(raw),
                 "raw_result": _pretty(r.result),
@@ -276,7 +278,9 @@ async def chain_stream(request: web.Request) -> web.StreamResponse:
     console = request.app[CONSOLE]
     session = session_of(request)
     run = console.runs.runs.get(session.tenant) if console.runs else None
-    async with open_stream(request, console.streams) as (sse, closed):
+    async with open_stream(
+        request, console.streams, session=session.nonce, tenant=session.tenant
+    ) as (sse, closed):
         if run is None:
             return sse
         while not closed.done():

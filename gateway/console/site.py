@@ -22,6 +22,7 @@ from gateway.console.data import BadFilter, iso, redis_call
 from gateway.console.guard import Refused, check_request, security_headers
 from gateway.console.live import FeedPump, Streams
 from gateway.core.errors import FencegateError
+from gateway.fencing.tenancy import Tenancy, resolve_tenancy
 from gateway.runtime.settings import Settings
 from gateway.store.anchors import anchor_path
 from gateway.store.consolestate import ConsoleState
@@ -46,6 +47,9 @@ class Console:
     audit_keys: list[str]
     host_allowed: Callable[[str], bool]
     store_of: Callable[[], Store]
+    tenancy: Tenancy  # the downstream key of a step (the one its adapter sent)
+    # counts a logged-in request's connection for its tenant (False: over its share)
+    claim_connection: Callable[[web.Request, str], bool] | None = None
     runs: ChainRuns | None = None
     state: ConsoleState | None = None  # revocations, login throttling (made at startup)
 
@@ -115,6 +119,12 @@ async def console_middleware(
             return error_page(request, 503, "Redis is not answering; try again shortly")
         if session is not None:
             request[SESSION] = session
+            claim = console.claim_connection
+            if claim is not None and not claim(request, session.tenant):
+                page = error_page(request, 429, "this tenant holds all its connections; retry")
+                page.headers["Retry-After"] = str(console.settings.connections.retry_after_seconds)
+                page.force_close()
+                return page
         elif not request.path.startswith(_PUBLIC):
             if request.headers.get("Accept") == "text/event-stream":
                 return error_page(request, 401, "log in again")
@@ -130,7 +140,10 @@ async def console_middleware(
     except BadFilter as exc:
         return error_page(request, 400, str(exc))
     except FencegateError as exc:
-        return error_page(request, exc.http_status, exc.detail)
+        page = error_page(request, exc.http_status, exc.detail)
+        if (retry := exc.fields.get("retry_after")) is not None:
+            page.headers["Retry-After"] = str(retry)
+        return page
     except (RedisError, OSError, TimeoutError) as exc:
         log.warning("console_redis_failed", path=request.path, detail=str(exc))
         return error_page(request, 503, "Redis is not answering; try again shortly")
@@ -285,6 +298,7 @@ def build(
     keys: Keys,
     host_allowed: Callable[[str], bool],
     store: Callable[[], Store],
+    claim_connection: Callable[[web.Request, str], bool] | None = None,
 ) -> web.Application:
     """The console sub-application (mounted by :func:`gateway.console.mount`)."""
     from gateway.console import pages, views  # the route handlers
@@ -304,10 +318,16 @@ def build(
             console_secret(settings, secret), keys, settings.console.cookie_ttl_seconds
         ),
         pump=FeedPump(redis_call(store), settings.console.poll_seconds),
-        streams=Streams(settings.console.sse_ping_seconds),
+        streams=Streams(
+            settings.console.sse_ping_seconds,
+            per_session=settings.console.sse_per_session,
+            per_tenant=settings.console.sse_per_tenant,
+        ),
         audit_keys=audit_keys,
         host_allowed=host_allowed,
         store_of=store,
+        tenancy=resolve_tenancy(settings),
+        claim_connection=claim_connection,
     )
     app[CONSOLE] = console
     aiohttp_jinja2.setup(

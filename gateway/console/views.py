@@ -12,7 +12,6 @@ import aiohttp_jinja2
 from aiohttp import web
 
 from gateway.console.data import (
-    REASONS,
     SCAN_CAP,
     BadFilter,
     Filters,
@@ -25,6 +24,7 @@ from gateway.console.data import (
 )
 from gateway.console.live import id_key, next_or_closed, open_stream
 from gateway.console.site import CONSOLE, render, session_of
+from gateway.core.reasons import REASONS
 
 __all__ = ["add_routes"]
 
@@ -133,7 +133,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     call = _call(request)
     queue = await console.pump.subscribe(session.tenant)
     try:
-        async with open_stream(request, console.streams) as (sse, closed):
+        async with open_stream(
+            request, console.streams, session=session.nonce, tenant=session.tenant
+        ) as (sse, closed):
             last = after or await feed_top(call, session.tenant)
 
             async def send(entry: str, fields: dict[str, str]) -> None:

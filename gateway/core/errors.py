@@ -16,6 +16,8 @@ gateway decided::
     ├── UnsupportedMediaType      415 unsupported_media_type (a body that is not application/json)
     ├── RequestTimeout            408 request_timeout (the body did not arrive in time)
     ├── QuotaExceeded             429 quota_exceeded (Retry-After; audited)
+    ├── TooManyHeld               429 too_many_held (Retry-After; ``limit``: the config key of
+    │                                 the per-tenant cap on long-lived requests reached)
     ├── Rejection                 409, carries presented/current; audited
     │   ├── StaleGeneration           stale_generation
     │   ├── UnregisteredGeneration    unregistered_generation
@@ -76,6 +78,7 @@ __all__ = [
     "RequestTimeout",
     "StaleGeneration",
     "StoreUnavailable",
+    "TooManyHeld",
     "Unauthorized",
     "UnknownAdapter",
     "UnregisteredGeneration",
@@ -172,6 +175,15 @@ class QuotaExceeded(FencegateError):
     code = "quota_exceeded"
     status = 429
     title = "The tenant's quota is used up"
+
+
+class TooManyHeld(FencegateError):
+    """A tenant (or a console login) holds as many long-lived requests as it may: SSE
+    streams, uploads, connections. ``limit`` names the config key; nothing was done."""
+
+    code = "too_many_held"
+    status = 429
+    title = "Too many long-lived requests held by this tenant"
 
 
 class UnsupportedMediaType(FencegateError):

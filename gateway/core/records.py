@@ -11,6 +11,7 @@ from typing import Any, Literal
 from gateway.core import fastjson
 
 __all__ = [
+    "RECORD_FIELDS",
     "AdmitVerdict",
     "Admitted",
     "AuditCheck",
@@ -27,9 +28,19 @@ __all__ = [
     "Replay",
     "Unknown",
     "chain_hash",
+    "downstream_key",
 ]
 
 EffectState = Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
+
+
+# The effect hash's fields a record is read from: everything but the stored async payload
+# (``payload``, up to quotas.payload_bytes) and the dispatch's bookkeeping. Views read these
+# with HMGET, never HGETALL, so listing a job costs the size of its records, not its payloads.
+RECORD_FIELDS = (
+    "state", "generation", "intent_sha256", "adapter", "operation", "result", "error",
+    "updated_at", "created_at", "attempts", "worker_id", "resolved_by",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +59,12 @@ class EffectRecord:
     attempts: int
     worker_id: str | None
     resolved_by: str | None = None  # an operator resolution: the key's name, else its role
+
+    @classmethod
+    def from_values(cls, values: Sequence[str | None]) -> EffectRecord | None:
+        """A record from ``HMGET <effect hash> *RECORD_FIELDS`` (None: no such hash)."""
+        h = {f: v for f, v in zip(RECORD_FIELDS, values, strict=True) if v is not None}
+        return cls.from_hash(h) if "state" in h else None
 
     @classmethod
     def from_flat(cls, flat: Sequence[str]) -> EffectRecord:
@@ -69,6 +86,15 @@ class EffectRecord:
             worker_id=h.get("worker_id") or None,
             resolved_by=h.get("resolved_by") or None,
         )
+
+
+def downstream_key(tenant: str, job_id: str, step: str, *, tenant_keyed: bool) -> str:
+    """The idempotency key a step's adapter sends downstream: ``<job>:<step>``, or
+    ``<tenant>/<job>:<step>`` for an adapter whose key carries the tenant (every adapter of a
+    deployment with several tenants, gateway.fencing.tenancy). The dispatch, the effect
+    record's API view, the console and the SDK all show this one string."""
+    key = f"{job_id}:{step}"
+    return f"{tenant}/{key}" if tenant_keyed else key
 
 
 @dataclass(frozen=True, slots=True)

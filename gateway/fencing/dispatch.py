@@ -32,6 +32,7 @@ from gateway.core.records import (
     EffectRecord,
     EffectResult,
     EffectState,
+    downstream_key,
 )
 from gateway.fencing.admission import Admission
 from gateway.runtime.metrics import Metrics
@@ -138,8 +139,9 @@ class Dispatcher:
 
     def _key(self, keys: JobKeys, step: str, adapter_name: str) -> str:
         """The idempotency key sent downstream (tenant-prefixed where the adapter says so)."""
-        key = f"{keys.job_id}:{step}"
-        return f"{keys.tenant}/{key}" if adapter_name in self._tenant_keyed else key
+        return downstream_key(
+            keys.tenant, keys.job_id, step, tenant_keyed=adapter_name in self._tenant_keyed
+        )
 
     def _result(
         self,

@@ -54,6 +54,7 @@ from gateway.core.errors import (
     PayloadTooLarge,
     RequestTimeout,
     StoreUnavailable,
+    TooManyHeld,
     UploadUrlUnsupported,
 )
 from gateway.fencing.output_entry import OutputEntry
@@ -113,6 +114,7 @@ class OutputService:
         self._registration = registration
         self._retention = str(retention_seconds)
         self._background: set[asyncio.Task[None]] = set()  # claims ended after a lost reply
+        self.uploads: dict[str, int] = {}  # tenant -> uploads through this process running
 
     # -- the fenced scripts -------------------------------------------------------
 
@@ -220,10 +222,44 @@ class OutputService:
         worker_id: str = "",
         by: str = "",
     ) -> OutputEntry:
-        """Stage, stream ``body`` to the attempt-scoped key (hashing it), record."""
+        """Stage, stream ``body`` to the attempt-scoped key (hashing it), record. At most
+        ``outputs.uploads_per_tenant`` of a tenant run at once in this process (429)."""
         limit = self.settings.max_bytes
         if content_length is not None and content_length > limit:
             raise PayloadTooLarge(f"an output may be at most {limit} bytes")
+        cap, tenant = self.settings.uploads_per_tenant, keys.tenant
+        if cap and self.uploads.get(tenant, 0) >= cap:
+            raise TooManyHeld(
+                f"tenant {tenant!r} has {cap} uploads running (outputs.uploads_per_tenant); "
+                "retry when one has ended",
+                limit="outputs.uploads_per_tenant",
+                retry_after=1,
+            )
+        self.uploads[tenant] = self.uploads.get(tenant, 0) + 1
+        try:
+            return await self._put(
+                keys, gen, name, body, content_type=content_type,
+                content_length=content_length, worker_id=worker_id, by=by,
+            )  # fmt: skip
+        finally:
+            if (left := self.uploads[tenant] - 1) > 0:
+                self.uploads[tenant] = left
+            else:
+                del self.uploads[tenant]
+
+    async def _put(
+        self,
+        keys: JobKeys,
+        gen: int,
+        name: str,
+        body: AsyncIterator[bytes],
+        *,
+        content_type: str,
+        content_length: int | None,
+        worker_id: str,
+        by: str,
+    ) -> OutputEntry:
+        limit = self.settings.max_bytes
         space = self.objects.space
         if space is not None and not space.room_for(content_length or 0):
             raise InsufficientStorage(_NO_SPACE)

@@ -3,29 +3,60 @@
 The bytes bypassed the gateway, so nothing hashed them: before the completion script
 runs, each named output of the generation that was staged for a signed upload and is not
 recorded yet is read once from the store (size, sha256, content type) and the fenced
-record script runs for it. Nothing is decided here: a record the fence refuses is left
-to the completion script, which refuses and audits the completion itself.
+record script runs for it. A signed URL carries no length bound (obstore signs neither a
+Content-Length header nor a POST policy), so the size is checked here: an object larger
+than ``outputs.max_bytes`` (its HEAD, or the bytes read) is deleted, its claim ends,
+nothing is recorded and the completion is answered ``413 payload_too_large``. Nothing else
+is decided here: a record the fence refuses is left to the completion script, which
+refuses and audits the completion itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import structlog
 from redis.exceptions import RedisError
 
-from gateway.core.errors import ObjectStoreUnavailable, Rejection, StoreUnavailable
+from gateway.core.errors import (
+    FencegateError,
+    ObjectStoreUnavailable,
+    PayloadTooLarge,
+    Rejection,
+    StoreUnavailable,
+)
 from gateway.objects import ObjectStoreError
 from gateway.store.keys import JobKeys
 
 if TYPE_CHECKING:
+    from gateway.fencing.output_entry import OutputEntry
     from gateway.fencing.outputs import OutputService
 
 __all__ = ["record_presigned"]
 
 log = structlog.get_logger("fencegate.outputs")
+
+
+async def _refuse_oversized(
+    service: OutputService, keys: JobKeys, generation: int, entry: OutputEntry, size: int
+) -> NoReturn:
+    """A presigned upload larger than ``outputs.max_bytes`` (a signed URL carries no length
+    bound): the object is deleted, its claim ends, nothing is recorded; 413."""
+    limit, name = service.settings.max_bytes, entry.name
+    log.warning("output_presigned_too_large", job_id=keys.job_id, name=name, size=size)
+    try:
+        await service.objects.delete(entry.key)
+    except ObjectStoreError as exc:  # the sweeper deletes it later (never recorded: an orphan)
+        log.warning("output_delete_failed", key=entry.key, error=str(exc))
+    with contextlib.suppress(FencegateError):
+        await service._record(keys, generation, name, entry.upload, "", abandon=True)
+    raise PayloadTooLarge(
+        f"the object uploaded for output {name!r} has {size} bytes; an output may be at most "
+        f"{limit} bytes (outputs.max_bytes): it was deleted and nothing was recorded"
+    )
 
 
 async def record_presigned(
@@ -47,7 +78,12 @@ async def record_presigned(
         if entry is None or entry.state != "staged" or not entry.presigned:
             continue
         try:
-            opened = await service.objects.open(entry.key)
+            head = await service.objects.head(entry.key)
+            if head is None:
+                continue
+            if head.size > service.settings.max_bytes:
+                await _refuse_oversized(service, keys, generation, entry, head.size)
+            opened = await service.objects.open(entry.key, if_match=head.etag)
             if opened is None:
                 continue
             info, ctype, chunks = opened
@@ -55,6 +91,8 @@ async def record_presigned(
             async for chunk in chunks:
                 digest.update(chunk)
                 size += len(chunk)
+                if size > service.settings.max_bytes:  # replaced since the HEAD: refused too
+                    await _refuse_oversized(service, keys, generation, entry, size)
         except ObjectStoreError as exc:
             raise ObjectStoreUnavailable(str(exc)) from exc
         try:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.records import downstream_key
 from gateway.runtime.settings import ConfigError, Settings
 
 __all__ = ["Tenancy", "resolve_tenancy"]
@@ -33,6 +34,10 @@ class Tenancy:
     allowed: Mapping[str, frozenset[str] | None]
     # adapters whose downstream key is "<tenant>/<job>:<step>"
     keyed: frozenset[str]
+
+    def key(self, tenant: str, job_id: str, step: str, adapter: str) -> str:
+        """The downstream key of a step sent through ``adapter`` (:func:`downstream_key`)."""
+        return downstream_key(tenant, job_id, step, tenant_keyed=adapter in self.keyed)
 
     def sections(self, adapters: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
         """The adapter sections with ``tenant_in_key`` resolved, as the adapters are built."""

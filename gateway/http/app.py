@@ -25,7 +25,8 @@ from aiohttp import web
 from adapters.base import Adapter, AdapterContext
 from adapters.registry import build_adapters, validate_configs
 from gateway import console
-from gateway.core.errors import FencegateError, InternalError, Rejection, StoreUnavailable
+from gateway.core.errors import FencegateError, InternalError, StoreUnavailable
+from gateway.core.reasons import REFUSALS
 from gateway.core.tokens import TokenSigner
 from gateway.fencing.bulkheads import HttpPools, scope_adapters
 from gateway.fencing.completion import CompletionService
@@ -43,6 +44,7 @@ from gateway.http.jobviews import JOB_ROUTES
 from gateway.http.openapi import build_openapi
 from gateway.http.outputs import OUTPUT_ROUTES, OUTPUTS
 from gateway.http.problems import from_http_exception, problem_response
+from gateway.http.tenantshare import claim_connection, tenant_share
 from gateway.http.views import HOT_HANDLERS, ROUTES
 from gateway.objects import build_object_store
 from gateway.objects.space import SpaceFloor
@@ -91,7 +93,7 @@ async def _request_middleware(
     if error is not None:
         response = problem_response(error)
         metrics.problem_counter(error.code, str(error.http_status)).inc()
-        if isinstance(error, Rejection) or error.code == "bad_token":
+        if error.code in REFUSALS:  # the audited refusals (gateway.core.reasons)
             metrics.rejection_counter(error.code).inc()
             context["presented"] = error.fields.get("presented")
             context["current"] = error.fields.get("current")
@@ -142,11 +144,13 @@ def create_app(
         middlewares=[
             serving,
             _request_middleware,
+            tenant_share,  # the connection's tenant, from its first authenticated request
             body_deadline(settings.connections.body_timeout_seconds),
         ],
     )
     app[GUARD] = GuardSlot()  # `fencegate serve` puts its connection guard here
     app[K.SETTINGS] = settings
+    app[K.TENANCY] = tenancy
     app[K.METRICS] = Metrics()
     app[K.AUTH] = Authenticator(settings.auth.keys, secret)
     app[BROWSER_GUARD] = BrowserGuard(settings.server, open_mode=app[K.AUTH].open)
@@ -395,5 +399,6 @@ def create_app(
         keys=app[K.AUTH],
         host_allowed=app[BROWSER_GUARD].host_allowed,
         store=lambda: app[K.STORE],
+        claim_connection=claim_connection,
     )
     return app

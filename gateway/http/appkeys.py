@@ -8,6 +8,7 @@ from adapters.base import Adapter
 from gateway.core.tokens import TokenSigner
 from gateway.fencing.completion import CompletionService
 from gateway.fencing.service import EffectService
+from gateway.fencing.tenancy import Tenancy
 from gateway.http.auth import Authenticator
 from gateway.objects.space import SpaceFloor
 from gateway.runtime.metrics import Metrics
@@ -21,6 +22,7 @@ METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", Store)
 ADAPTERS = web.AppKey("adapters", dict[str, Adapter])
 SERVICE = web.AppKey("service", EffectService)
+TENANCY = web.AppKey("tenancy", Tenancy)  # who may use each adapter, the downstream keys
 OPENAPI = web.AppKey("openapi", bytes)
 SIGNER: web.AppKey[TokenSigner | None] = web.AppKey("signer")
 JOBSTATE = web.AppKey("jobstate", JobState)

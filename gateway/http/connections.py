@@ -42,11 +42,13 @@ __all__ = [
     "ConnectionGuard",
     "GuardSlot",
     "RequestTimeout",
+    "TenantShares",
     "body_deadline",
     "bridge_stdlib_logging",
     "raise_fd_limit",
     "run_app",
     "serving",
+    "share_of",
 ]
 
 log = structlog.get_logger("fencegate.connections")
@@ -78,6 +80,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.opened = time.monotonic()
         self.busy = False  # serving a request: its head is complete, its response not written
+        self.tenant: str | None = None  # whose, from its first authenticated request
         self.tail = b""  # the last bytes of a head that is still arriving (a split blank line)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,13 +119,64 @@ class _Conn(asyncio.Protocol):
             self.inner.connection_lost(exc)
 
 
+def share_of(max_per_tenant: int, cap: int, tenants: int) -> int:
+    """The share in force: the configured one (at most the cap), else half the cap when the
+    deployment has several tenants; 0: no share."""
+    if max_per_tenant:
+        return min(max_per_tenant, cap)
+    return max(1, cap // 2) if tenants > 1 else 0
+
+
+class TenantShares:
+    """Connections by tenant, oldest first (the guard owns the connections themselves)."""
+
+    def __init__(self, share: int) -> None:
+        self.share = share
+        self.held: dict[str, dict[_Conn, None]] = {}
+        self.refused = 0
+
+    def claim(self, guard: ConnectionGuard, conn: _Conn, tenant: str) -> bool:
+        """Count ``conn`` for ``tenant`` (idempotent); False: over the share, nothing idle of
+        the tenant's to close."""
+        if not self.share or conn.tenant is not None:
+            return True
+        held = self.held.setdefault(tenant, {})
+        if len(held) >= self.share and not self._close_idle(guard, held):
+            self.refused += 1
+            return False
+        held[conn] = None
+        conn.tenant = tenant
+        return True
+
+    def _close_idle(self, guard: ConnectionGuard, held: dict[_Conn, None]) -> bool:
+        for other in held:
+            transport = other.transport
+            if other in guard.idle and transport is not None:
+                if transport.get_write_buffer_size() > 0:
+                    continue
+                guard.release(other)
+                transport.abort()
+                guard.evicted += 1
+                return True
+        return False
+
+    def release(self, conn: _Conn) -> None:
+        if conn.tenant is not None and (held := self.held.get(conn.tenant)) is not None:
+            held.pop(conn, None)
+            if not held:
+                del self.held[conn.tenant]
+
+
 class ConnectionGuard:
     """Counts connections; at the cap evicts the one idle longest (else the oldest still
     sending its head), never one serving a request; else refuses the new one with a 503."""
 
-    def __init__(self, server: Callable[[], Any], settings: ConnectionSettings, cap: int) -> None:
+    def __init__(
+        self, server: Callable[[], Any], settings: ConnectionSettings, cap: int, share: int = 0
+    ) -> None:
         self.server = server
         self.cap = cap
+        self.shares = TenantShares(share)  # connections.max_per_tenant (gateway.http.tenantshare)
         self.open: dict[asyncio.Transport, _Conn] = {}
         # not serving, oldest first: idle (nothing sent since open or the last response) /
         # sending a request head
@@ -205,6 +259,7 @@ class ConnectionGuard:
             self.started(conn)
 
     def release(self, conn: _Conn) -> None:
+        self.shares.release(conn)
         self.idle.pop(conn, None)
         self.partial.pop(conn, None)
         if conn.transport is not None:
@@ -349,6 +404,8 @@ def run_app(
     slot = app.get(GUARD)
     if slot is None:
         slot = app[GUARD] = GuardSlot()
+    tenancy = app.get(K.TENANCY)
+    tenants = len(tenancy.tenants) if tenancy is not None else 1
 
     async def serve() -> None:
         runner = web.AppRunner(
@@ -364,7 +421,8 @@ def run_app(
         await runner.setup()
         try:
             assert runner.server is not None
-            guard = ConnectionGuard(runner.server, settings, cap)
+            share = share_of(settings.max_per_tenant, cap, tenants)
+            guard = ConnectionGuard(runner.server, settings, cap, share)
             slot.guard = guard
             listener = await loop.create_server(
                 guard.factory,

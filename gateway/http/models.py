@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from gateway.core.reasons import REASONS
 from gateway.core.tokens import MAX_GENERATION
 
 __all__ = [
@@ -224,7 +225,7 @@ class AuditEntryOut(BaseModel):
     at: str | None
     job_id: str
     step: str | None
-    reason: str
+    reason: str = Field(json_schema_extra={"enum": list(REASONS)})  # gateway.core.reasons
     presented: int | None
     current: int | None
     worker_id: str | None

@@ -34,6 +34,7 @@ _STATUS_TEXT = {
     415: "A body or Content-Type that is not application/json",
     422: "Intent mismatch, unknown adapter, or an output not recorded by this generation",
     424: "Downstream permanently refused",
+    429: "Over a tenant's quota or its cap of long-lived requests (Retry-After)",
     502: "Downstream unavailable, not delivered",
     503: "Store unavailable (or not ready)",
     504: "Timed out after sending: outcome unknown",

@@ -28,7 +28,15 @@ from gateway.http.views import Route
 from gateway.objects import ObjectStoreError, valid_output_name
 from gateway.runtime.logging import bind
 
-__all__ = ["OUTPUTS", "OUTPUT_ROUTES", "OutputOut", "UploadUrlBody", "UploadUrlOut"]
+__all__ = [
+    "OUTPUTS",
+    "OUTPUT_ROUTES",
+    "REDIRECT_SAFE",
+    "OutputOut",
+    "UploadUrlBody",
+    "UploadUrlOut",
+    "redirect_safe",
+]
 
 OUTPUTS = web.AppKey("outputs", OutputService)
 log = structlog.get_logger("fencegate.outputs")
@@ -38,6 +46,25 @@ _TOKEN = r"[A-Za-z0-9!#$&^_.+-]{1,64}"
 _MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(;[\x20-\x7e]{{0,190}})?")
 _GENERATION = re.compile(r"[1-9][0-9]{0,15}")
 READ_URL_SECONDS = 300  # a redirect's signed GET URL is valid this long
+# What `redirect_reads` may send to the object store's own origin. A signed GET URL cannot
+# carry response-content-disposition/-type overrides (obstore signs no query parameters),
+# so the store serves the object inline with its stored Content-Type and none of the
+# gateway's safe headers: only types a browser never runs as a page (no HTML, SVG, XML,
+# PDF, text) are redirected; every other output is streamed through the gateway as an
+# attachment with nosniff and a sandboxing CSP.
+REDIRECT_SAFE = frozenset(
+    {
+        "application/octet-stream", "application/zip", "application/gzip",
+        "application/x-tar", "application/x-7z-compressed", "application/zstd",
+        "application/vnd.apache.parquet", "image/png", "image/jpeg", "image/gif",
+        "image/webp", "image/avif", "audio/mpeg", "audio/ogg", "video/mp4", "video/webm",
+    }
+)  # fmt: skip
+
+
+def redirect_safe(content_type: str) -> bool:
+    """Whether a recorded output of this media type may be read through a redirect."""
+    return content_type.split(";", 1)[0].strip().lower() in REDIRECT_SAFE
 
 
 class OutputOut(BaseModel):
@@ -66,6 +93,9 @@ class UploadUrlOut(BaseModel):
     method: Literal["PUT"] = "PUT"
     url: str
     expires_at: str | None
+    max_bytes: int = Field(
+        description="outputs.max_bytes: a larger object is deleted at completion (413)"
+    )
 
 
 def output_out(job_id: str, e: OutputEntry) -> OutputOut:
@@ -103,20 +133,44 @@ def _media_type(value: str | None) -> str:
     return value.strip()
 
 
-def _body_chunks(request: web.Request, idle: float) -> AsyncIterator[bytes]:
-    """The request body as it arrives; each read must come within ``idle`` seconds."""
+def _body_chunks(
+    request: web.Request, idle: float, rate: int = 0, window: float = 10.0
+) -> AsyncIterator[bytes]:
+    """The request body as it arrives; each byte must come within ``idle`` seconds of the
+    last, and with ``rate`` every ``window`` seconds spent waiting for the client must bring
+    at least ``rate * window`` bytes (a trickle inside the idle limit would hold a connection
+    and the output's claim for the whole upload timeout). Only time spent waiting for the
+    client counts: a slow object store, which stops this reader, never cuts an upload."""
+    loop = asyncio.get_running_loop()
 
     async def chunks() -> AsyncIterator[bytes]:
+        spent = quiet = 0.0  # waiting, in this window / since the last byte
+        got = 0
         while True:
+            if rate and spent >= window:
+                if got < rate * spent:
+                    raise RequestTimeout(
+                        f"the body arrived at {got / spent:.0f} bytes/s over {spent:.0f} s, "
+                        f"below outputs.min_upload_bytes_per_second ({rate})"
+                    )
+                spent, got = 0.0, 0
+            wait = idle - quiet if not rate else min(idle - quiet, window - spent)
+            began = loop.time()
             try:
-                async with asyncio.timeout(idle):
+                async with asyncio.timeout(max(wait, 0.0)):
                     chunk = await request.content.readany()
             except TimeoutError:
-                raise RequestTimeout(f"no byte of the body arrived for {idle:g} s") from None
+                waited = loop.time() - began
+                spent, quiet = spent + waited, quiet + waited
+                if quiet >= idle:
+                    raise RequestTimeout(f"no byte of the body arrived for {idle:g} s") from None
+                continue  # the window ended: its rate is checked above
             except Exception as exc:  # aiohttp's payload errors, a reset: the client went away
                 raise InvalidRequest(f"the body broke off: {type(exc).__name__}") from None
+            spent, quiet = spent + loop.time() - began, 0.0
             if not chunk:
                 return
+            got += len(chunk)
             yield chunk
 
     return chunks()
@@ -129,10 +183,16 @@ async def put_output(request: web.Request) -> web.Response:
     content_type = _media_type(request.headers.get("Content-Type"))
     gen = await _generation(request, keys, step=f"output:{name}", worker_id=worker_id)
     service = request.app[OUTPUTS]
-    idle = request.app[K.SETTINGS].connections.body_timeout_seconds
+    settings = request.app[K.SETTINGS]
+    body = _body_chunks(
+        request,
+        settings.connections.body_timeout_seconds,
+        settings.outputs.min_upload_bytes_per_second,
+        settings.outputs.min_upload_window_seconds,
+    )
     try:
         entry = await service.put(
-            keys, gen, name, _body_chunks(request, idle), content_type=content_type,
+            keys, gen, name, body, content_type=content_type,
             content_length=request.content_length, worker_id=worker_id or "", by=principal.who,
         )  # fmt: skip
     except FencegateError as exc:
@@ -159,7 +219,7 @@ async def upload_url(request: web.Request) -> web.Response:
     )
     out = UploadUrlOut(
         job_id=keys.job_id, name=name, generation=gen, key=key, url=url,
-        expires_at=iso_ms(deadline),
+        expires_at=iso_ms(deadline), max_bytes=request.app[OUTPUTS].settings.max_bytes,
     )  # fmt: skip
     return respond(out, 201)
 
@@ -178,8 +238,10 @@ async def get_output(request: web.Request) -> web.StreamResponse:
     else:
         if service.settings.redirect_reads and service.objects.can_sign:
             entry = await service.promoted_current(keys, name)
-            url = await service.read_url(entry, READ_URL_SECONDS)
-            return web.Response(status=307, headers={"Location": url})
+            if redirect_safe(entry.content_type):
+                url = await service.read_url(entry, READ_URL_SECONDS)
+                return web.Response(status=307, headers={"Location": url})
+            # anything a browser could render as a page is streamed here, as an attachment
         entry, chunks = await service.open_promoted(keys, name)
     response = web.StreamResponse(
         headers={
@@ -188,7 +250,7 @@ async def get_output(request: web.Request) -> web.StreamResponse:
             "Fencegate-Output-State": "promoted" if raw_gen is None else entry.state,
             # the bytes are a worker's: never rendered or sniffed as the gateway's own page
             "X-Content-Type-Options": "nosniff",
-            "Content-Security-Policy": "sandbox",
+            "Content-Security-Policy": "sandbox; default-src 'none'",
             "Content-Disposition": f'attachment; filename="{entry.name}"',
         }
     )
@@ -207,7 +269,7 @@ async def get_output(request: web.Request) -> web.StreamResponse:
     return response
 
 
-_UPLOAD_PROBLEMS = (400, 401, 403, 408, 409, 413, 503)
+_UPLOAD_PROBLEMS = (400, 401, 403, 408, 409, 413, 429, 503)
 
 OUTPUT_ROUTES: tuple[Route, ...] = (
     Route(

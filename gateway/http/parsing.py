@@ -14,6 +14,7 @@ from gateway.core import fastjson
 from gateway.core.errors import BadToken, InvalidRequest, PayloadTooLarge
 from gateway.core.records import EffectRecord
 from gateway.core.tokens import parse_unsigned_token
+from gateway.fencing.tenancy import Tenancy
 from gateway.http import appkeys as K
 from gateway.http.auth import Principal
 from gateway.http.models import (
@@ -170,16 +171,17 @@ async def _body(request: web.Request, model: type[BaseModel], *, empty_ok: bool 
         raise InvalidRequest(describe(exc, root="body")) from exc
 
 
-def _record_out(job_id: str, step: str, r: EffectRecord) -> EffectRecordOut:
+def _record_out(tenancy: Tenancy, keys: JobKeys, step: str, r: EffectRecord) -> EffectRecordOut:
+    """The API view of a record; its ``idempotency_key`` is the one the adapter sent."""
     return EffectRecordOut(
-        job_id=job_id,
+        job_id=keys.job_id,
         step=step,
         state=r.state,
         generation=r.generation,
         intent_sha256=r.intent_sha256,
         adapter=r.adapter,
         operation=r.operation,
-        idempotency_key=f"{job_id}:{step}",
+        idempotency_key=tenancy.key(keys.tenant, keys.job_id, step, r.adapter),
         result=r.result,
         error=r.error,
         attempts=r.attempts,

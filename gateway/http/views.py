@@ -175,7 +175,7 @@ async def get_effect(request: web.Request) -> web.Response:
     record = await request.app[K.STORE].effect(keys, step)
     if record is None:
         raise NotFound(f"no effect recorded for {keys.job_id}:{step}")
-    return respond(_record_out(keys.job_id, step, record))
+    return respond(_record_out(request.app[K.TENANCY], keys, step, record))
 
 
 async def resolve_effect(request: web.Request) -> web.Response:
@@ -186,7 +186,7 @@ async def resolve_effect(request: web.Request) -> web.Response:
         request.app[K.STORE], keys, step, delivered=body.outcome == "delivered",
         result=body.result, role=principal.role, by=principal.who,
     )  # fmt: skip
-    return respond(_record_out(keys.job_id, step, record))
+    return respond(_record_out(request.app[K.TENANCY], keys, step, record))
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -195,13 +195,14 @@ async def get_job(request: web.Request) -> web.Response:
     if view is None:
         raise NotFound(f"no job {keys.job_id!r} is known")
     state = await request.app[K.JOBSTATE].view(keys)  # completion, checkpoints, outputs
+    tenancy = request.app[K.TENANCY]
     out = JobOut(
         job_id=keys.job_id,
         fence=view.fence,
         lease_ms=view.lease_ms,
         lease_expires_at=iso_ms(view.lease_expires_at_ms),
         cancelled=view.cancelled,
-        effects={s: _record_out(keys.job_id, s, r) for s, r in view.effects.items()},
+        effects={s: _record_out(tenancy, keys, s, r) for s, r in view.effects.items()},
         **job_state_out(keys.job_id, state),
     )
     return respond(out)

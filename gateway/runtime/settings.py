@@ -149,6 +149,11 @@ class ConnectionSettings(_Section):
     # A request's whole body must arrive within this (else 408 and the connection closes).
     body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
+    # One tenant's share of `max`: connections whose first authenticated request (API key or
+    # console login) named the tenant. Past it, that tenant's connection idle longest is
+    # closed for the new one, else the new one gets 429 too_many_held and is closed. 0: half
+    # of `max` when the deployment has several tenants, no share with one.
+    max_per_tenant: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     backlog: Annotated[int, Field(ge=16, le=65535)] = 1024
     # Lines per second from the server's own loggers (aiohttp, asyncio); the rest are
     # counted and reported in one JSON line.
@@ -278,6 +283,10 @@ class ConsoleSettings(_Section):
     # within about this long).
     poll_seconds: Annotated[float, Field(ge=0.05, le=60)] = 1.0
     sse_ping_seconds: Annotated[float, Field(ge=0.1, le=60)] = 5.0
+    # Live streams open at once per login (browser tabs) and per tenant, in each gateway
+    # process; past either, a new one gets 429 too_many_held with Retry-After. 0: no cap.
+    sse_per_session: Annotated[int, Field(ge=0, le=100_000)] = 4
+    sse_per_tenant: Annotated[int, Field(ge=0, le=100_000)] = 16
 
 
 class OutputSettings(_Section):
@@ -305,6 +314,13 @@ class OutputSettings(_Section):
     # How long one upload through the gateway may take (the stage decision's deadline);
     # a presigned upload URL is valid this long.
     upload_timeout_seconds: Annotated[float, Field(gt=0, le=7 * 86_400)] = 3600.0
+    # Uploads through the gateway running at once per tenant, in each gateway process; past
+    # it, 429 too_many_held with Retry-After before anything is staged. 0: no cap.
+    uploads_per_tenant: Annotated[int, Field(ge=0, le=100_000)] = 8
+    # An upload slower than this, measured over each window of min_upload_window_seconds,
+    # is cut with 408 request_timeout (nothing recorded, its claim freed). 0: no floor.
+    min_upload_bytes_per_second: Annotated[int, Field(ge=0, le=1024**3)] = 1024
+    min_upload_window_seconds: Annotated[float, Field(ge=1, le=3600)] = 10.0
     # Reads of a promoted output (S3): redirect to a signed GET URL instead of streaming.
     redirect_reads: bool = False
     # An orphan is deleted by the sweeper once it is older than this.

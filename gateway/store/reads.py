@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.core.records import (
+    RECORD_FIELDS,
     AuditCheck,
     AuditEntry,
     EffectRecord,
@@ -18,35 +19,43 @@ from gateway.store.keys import (
 )
 from gateway.store.scripts import _optional_int
 
+_JOB_FIELDS = ("fence", "lease_ms", "lease_exp", "cancelled")  # a job view's, of the job hash
+
 
 class StoreReads(StoreBase):
     # -- views ---------------------------------------------------------------
 
     async def effect(self, keys: JobKeys, step: str) -> EffectRecord | None:
-        h: dict[str, str] = await self._guard(lambda: self._client.hgetall(keys.effect(step)))  # type: ignore[arg-type,return-value]
-        return EffectRecord.from_hash(h) if h else None
+        # decode_responses=True: every value is a str
+        values: list[str | None] = await self._guard(
+            lambda: self._client.hmget(keys.effect(step), RECORD_FIELDS)  # type: ignore[arg-type,return-value]
+        )
+        return EffectRecord.from_values(values)
 
     async def job(self, keys: JobKeys) -> JobView | None:
-        async def read() -> tuple[dict[str, str], dict[str, EffectRecord]]:
+        async def read() -> tuple[int, list[str | None], dict[str, EffectRecord]]:
             # decode_responses=True: every key and value is a str
             async with self._client.pipeline(transaction=False) as pipe:
-                pipe.hgetall(keys.job)
+                pipe.exists(keys.job)
+                pipe.hmget(keys.job, _JOB_FIELDS)
                 pipe.smembers(keys.steps)
-                job, steps = await pipe.execute()
+                exists, job, steps = await pipe.execute()
             effects: dict[str, EffectRecord] = {}
             if steps:
                 ordered = sorted(steps)
                 async with self._client.pipeline(transaction=False) as pipe:
                     for step in ordered:
-                        pipe.hgetall(keys.effect(step))
-                    hashes = await pipe.execute()
-                effects = {
-                    s: EffectRecord.from_hash(h) for s, h in zip(ordered, hashes, strict=True) if h
-                }
-            return job, effects
+                        pipe.hmget(keys.effect(step), RECORD_FIELDS)  # never the payload
+                    rows = await pipe.execute()
+                found = (
+                    (s, EffectRecord.from_values(v)) for s, v in zip(ordered, rows, strict=True)
+                )
+                effects = {s: r for s, r in found if r is not None}
+            return exists, job, effects
 
-        job, effects = await self._guard(read)
-        if not job and not effects:
+        exists, values, effects = await self._guard(read)
+        job = {f: v for f, v in zip(_JOB_FIELDS, values, strict=True) if v is not None}
+        if not exists and not effects:
             return None
         lease_exp = int(job.get("lease_exp") or 0)
         return JobView(

@@ -34,6 +34,7 @@ from gateway.core.errors import (
     StoreUnavailable,
     UnregisteredGeneration,
 )
+from gateway.core.reasons import resolution
 from gateway.core.records import (
     Admitted,
     AdmitVerdict,
@@ -257,12 +258,11 @@ class Store(RelayQueue, StoreReads):
             raise EffectNotUnknown(
                 f"the step is {reply[1]}: only an unknown outcome can be resolved", state=reply[1]
             )
-        outcome = "delivered" if delivered else "not_delivered"
         await self._to_feed(
             keys,
             str(reply[2]),
             step=step,
-            reason=f"operator_resolved_{outcome}",
+            reason=resolution(delivered),
             worker_id=operator,
             by=by or operator,
         )
