@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from gateway.store.embedded import EmbeddedRedis, free_port
@@ -108,6 +109,11 @@ class Figures:
     empty_restarts: int = 0
     empty_restart_dispatches: int = 0
     empty_restart_refusals: int = 0
+    restores: int = 0
+    restore_calls: int = 0
+    restore_refusals: int = 0
+    restore_dispatches: int = 0
+    restore_quarantined: int = 0
     proxy_faults: int = 0
     unknown_resolved: int = 0
     unknown_left: int = 0
@@ -572,6 +578,76 @@ class Chaos:
         self.fault_healed(window)
         self.figures.empty_restarts += 1
 
+    async def restore(self, http: aiohttp.ClientSession, gateways: list[Any], i: int) -> None:
+        """A real AOF backup taken mid-run is put back: Redis loses generation 2 of a job and
+        the step it delivered. Through every gateway (the second has its own data dir and
+        never saw those writes) generation 1 is refused and nothing is sent; Redis is
+        quarantined (the right answer: L2 counts it as a true quarantine); then the operator
+        runs `init --confirm-data-loss`, the scheduler registers generation 3, and every
+        gateway serves again (L1 measures how fast from the heal)."""
+        job = f"rb{i}"
+        assert (await self.register(http, job, 1)).status == 201
+        data = self.workdir / "redis"
+        backup = self.workdir / f"backup-{i}"
+        backup.mkdir()
+        for f in data.iterdir():  # every acknowledged write is in it: appendfsync always
+            if f.name.startswith("appendonly"):
+                (shutil.copytree if f.is_dir() else shutil.copy2)(f, backup / f.name)
+        assert (await self.register(http, job, 2)).status == 201
+        for gw in gateways:  # both see the slot's counter after generation 2's writes
+            self.gw = gw
+            op = await self.effect(http, job, f"s{gateways.index(gw)}", 2, "plain", "R")
+            assert op.status == 200, op
+        await asyncio.sleep(1.5)  # the witness ticks past those writes (marks interval 1 s)
+        window = self.live.begin("restore", loses_writes=True) if self.live else None
+        self.redis.stop()
+        for f in data.iterdir():
+            if f.name.startswith("appendonly"):
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
+        for f in backup.iterdir():
+            (shutil.copytree if f.is_dir() else shutil.copy2)(f, data / f.name)
+        self.redis.start()
+        before = len(self.down.deliveries)
+        for gw in gateways:  # the zombie of generation 1, on every gateway, every step
+            self.gw = gw
+            for step in ("s0", "s1", "new"):
+                for _ in range(3):  # the first calls may meet connections the restart cut
+                    op = await self.effect(http, job, step, 1, "plain", "Z")
+                    if op.status == 503:
+                        break
+                self.figures.restore_refusals += op.status == 503
+                self.figures.restore_calls += 1
+        self.figures.restore_dispatches += len(self.down.deliveries) - before
+        deadline = time.monotonic() + 10
+        while not await self.quarantined():
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        self.figures.restore_quarantined += await self.quarantined()
+        env = {**os.environ, "FENCEGATE_REDIS__DATA_DIR": str(self.workdir / "state")}
+        init = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "init", "--redis-url", self.redis.url,
+            "--confirm-data-loss", stdout=asyncio.subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+        assert await init.wait() == 0
+        self.gw = gateways[0]
+        for _ in range(50):
+            if (await self.register(http, job, 3)).status == 201:
+                break
+            await asyncio.sleep(0.1)
+        if window is not None:
+            self.live.heal(window)  # type: ignore[union-attr]
+        self.figures.restores += 1
+
+    async def quarantined(self) -> bool:
+        client = aioredis.Redis.from_url(self.redis.url)
+        try:
+            return bool(await client.exists("fg:quarantine")) and not await client.exists(
+                "fg:marker"
+            )
+        finally:
+            await client.aclose()
+
     # -- the wire phase: async calls, the relay, takeovers, wire faults, operators ------
 
     async def job_view(self, http: aiohttp.ClientSession, job: str) -> dict[str, Any]:
@@ -894,6 +970,7 @@ class Chaos:
             "redis": 30 if self.long else 3,
             "proxy": 20 if self.long else 4,
             "empty": 5 if self.long else 2,
+            "restore": 3 if self.long else 1,
             "mixed": 240 if self.long else 36,
             "relay": 48 if self.long else 8,
         }
@@ -920,10 +997,21 @@ class Chaos:
                 checks = await self.check(http)
                 for i in range(n["empty"]):
                     await self.empty_restart(http, i)
+                for i in range(n["restore"]):
+                    await self.restore(http, [g1, g2], i)
+                    await asyncio.sleep(3)  # probes after the heal: time to recover
+                self.gw = g1
                 await self.finish_liveness(http, checks)
             checks["empty Redis restarts fail closed with 0 dispatches"] = (
                 self.figures.empty_restart_dispatches == 0
                 and self.figures.empty_restart_refusals == 4 * n["empty"]
+            )
+            checks["restored backups: every gateway refuses the old generation, 0 sent"] = (
+                self.figures.restore_dispatches == 0
+                and self.figures.restore_refusals == self.figures.restore_calls
+            )
+            checks["restored backups are quarantined (a true quarantine)"] = (
+                self.figures.restore_quarantined == n["restore"]
             )
         finally:
             if self.live is not None and self.live._tasks:
@@ -1167,6 +1255,9 @@ class Chaos:
              f"{f.proxy_faults}; {p99:.0f} ms"),
             ("empty-Redis restarts failing closed / dispatches during them",
              f"{f.empty_restarts} / {f.empty_restart_dispatches}"),
+            ("restored AOF backups / calls of the old generation refused / sent / quarantined",
+             f"{f.restores} / {f.restore_refusals} of {f.restore_calls} / "
+             f"{f.restore_dispatches} / {f.restore_quarantined}"),
             ("wire phase: jobs (mixed / relay takeover) / effect calls / duration",
              f"{f.mixed_jobs} / {f.relay_scenarios} / {len(wire_ops)} / {f.wire_phase_s:.0f} s"),
             ("async calls sent / accepted (202) / async steps",

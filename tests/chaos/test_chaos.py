@@ -27,6 +27,11 @@ def test_short_chaos_run_holds_every_invariant() -> None:
     kills = "before_admit 2, after_admit 2, after_dispatch 2, after_record 2"
     assert f"gateway SIGKILLs by crash point | {kills}" in report
     assert "empty-Redis restarts failing closed / dispatches during them | 2 / 0" in report
+    # a real AOF backup put back mid-run: refused by both gateways, 0 sent, quarantined (the
+    # one true quarantine), and both serve again after the operator's init
+    restored = "restored AOF backups / calls of the old generation refused / sent / quarantined"
+    assert _figure(report, restored) == "1 / 6 of 6 / 0 / 1"
+    assert int(_figure(report, "went-back lines inside a restore's window (true quarantines)")) > 0
     # the wire phase really ran: faults on both wires, the relay and takeovers in its retries
     assert _figure(report, "wire faults hit, gateway-Redis") != "none"
     assert _figure(report, "wire faults hit, gateway-downstream") != "none"
