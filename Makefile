@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= config/fencegate.example.toml
 
-.PHONY: run test lint docs dist pytest browser bench bench-replication bench-soak profile chaos demo venv clean all hostile
+.PHONY: run test check lint docs dist pytest browser bench bench-replication bench-soak profile chaos demo venv clean all hostile
 
 all: test
 
@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/fencegate serve --config $(CONFIG)
+
+# the fast lane: lint, types, import contracts, the unit and Lua tests (well under a minute)
+check: lint
+	$(BIN)/python -m pytest -n 0 -q tests/unit tests/lua
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

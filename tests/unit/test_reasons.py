@@ -9,12 +9,15 @@ are the codes of the errors the gateway audits itself (a bad token, a quota).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from gateway.core.errors import BadToken, QuotaExceeded
 from gateway.core.reasons import REASONS, REFUSALS, RESOLUTIONS, resolution
+from gateway.store.scripts import SCRIPT_NAMES, lua_source
 
-LUA = Path(__file__).parents[2] / "gateway" / "store" / "lua"
+
+def _scripts() -> list[tuple[str, str]]:
+    """Every script as Redis runs it: the prelude and its includes resolved."""
+    return [(f"{name}.lua", lua_source(name)) for name in SCRIPT_NAMES]
 _REASON_FIELD = re.compile(r"'reason',\s*('([a-z_]+)'(\s*\.\.)?|ARGV\[\d+\]|([A-Za-z_]\w*))")
 
 
@@ -61,6 +64,17 @@ def _written(text: str) -> tuple[set[str], set[str], int]:
             ]
             assert defs, f"{param!r} is no parameter of an enclosing local function"
             name, params = defs[-1][1], [p.strip() for p in defs[-1][2].split(",")]
+            if name == "reject_call":  # includes/reject: its callers are reject() / g.reject()
+                reasons.update(re.findall(r"(?<![\w])(?:g\.)?reject\('([a-z_]+)'", text))
+                for call in re.finditer(r"(?<![\w.])reject_call\(", text):
+                    arg = _arguments(text, call.end() - 1)[1]
+                    if literal := re.fullmatch(r"'([a-z_]+)'", arg):
+                        reasons.add(literal[1])
+                    elif arg.startswith("ARGV["):
+                        from_argv += 1
+                    elif arg != "reason":  # g.reject's own pass-through
+                        raise AssertionError(f"reject_call passes a reason that is no literal: {arg}")
+                continue
             position = params.index(param)
             calls = [
                 c for c in re.finditer(rf"(?<![\w.]){name}\(", text) if c.start() > defs[-1].end()
@@ -80,14 +94,14 @@ def _written(text: str) -> tuple[set[str], set[str], int]:
 
 def test_every_reason_a_script_can_write_is_in_the_vocabulary() -> None:
     found: dict[str, set[str]] = {}
-    for path in sorted(LUA.glob("*.lua")):
-        reasons, prefixes, from_argv = _written(path.read_text())
+    for name, text in _scripts():
+        reasons, prefixes, from_argv = _written(text)
         for r in reasons:
-            found.setdefault(r, set()).add(path.name)
+            found.setdefault(r, set()).add(name)
         for p in prefixes:
-            assert any(r.startswith(p) for r in REASONS), f"{path.name}: {p}…"
+            assert any(r.startswith(p) for r in REASONS), f"{name}: {p}…"
         if from_argv:  # reject-2: the code of an error decided in Python (a bad token)
-            assert path.name == "reject-2.lua", path.name
+            assert name == "reject-2.lua", name
     missing = {r: sorted(f) for r, f in found.items() if r not in REASONS}
     assert missing == {}, f"reasons the scripts write that the vocabulary lacks: {missing}"
     # the scan sees the scripts' real reasons (a broken scan would find nothing)
@@ -101,6 +115,6 @@ def test_the_vocabulary_holds_what_python_audits_and_nothing_unwritten() -> None
     for stale in ("future_generation", "unregistered", "cancelled"):
         assert stale not in REASONS
     written: set[str] = {BadToken.code, QuotaExceeded.code, *RESOLUTIONS}
-    for path in LUA.glob("*.lua"):
-        written |= _written(path.read_text())[0]
+    for _, text in _scripts():
+        written |= _written(text)[0]
     assert set(REASONS) == written, set(REASONS) ^ written
