@@ -73,7 +73,7 @@ def _written(text: str) -> tuple[set[str], set[str], int]:
                     elif arg.startswith("ARGV["):
                         from_argv += 1
                     elif arg != "reason":  # g.reject's own pass-through
-                        raise AssertionError(f"reject_call passes a reason that is no literal: {arg}")
+                        raise AssertionError(f"reject_call passes a non-literal reason: {arg}")
                 continue
             position = params.index(param)
             calls = [
