@@ -18,6 +18,8 @@ from gateway.store.scripts import SCRIPT_NAMES, lua_source
 def _scripts() -> list[tuple[str, str]]:
     """Every script as Redis runs it: the prelude and its includes resolved."""
     return [(f"{name}.lua", lua_source(name)) for name in SCRIPT_NAMES]
+
+
 _REASON_FIELD = re.compile(r"'reason',\s*('([a-z_]+)'(\s*\.\.)?|ARGV\[\d+\]|([A-Za-z_]\w*))")
 
 
