@@ -51,6 +51,9 @@ from gateway.store.scripts import (
 
 T = TypeVar("T")
 READY_PROBE = "fg:readyz:probe"  # /readyz's probe write (10 s TTL)
+# a data dir's witness key outlives its last tick by this long (a data dir gone for good
+# leaves no key behind); a data dir away for longer starts a new count (StoreBase.witness)
+WITNESS_TTL = 7 * 86_400
 MEMORY_READY = 0.95  # /readyz: a Redis using more of its maxmemory is not ready (`memory`)
 MISSING_LOG_SECONDS = 30.0  # a lasting "marker missing" is logged again this often
 log = structlog.get_logger("fencegate.store")
@@ -438,8 +441,16 @@ class StoreBase:
         before = self.slot_seen.witness(base)
         key = witness(format(base, "x"), self.host_id)
         value = int(await self._guard(lambda: self._batcher.execute("INCR", key)))
+        await self._guard(lambda: self._batcher.execute("EXPIRE", key, str(WITNESS_TTL)))
         if value > before:
             self.slot_seen.record_witness(base, value)
+            return True
+        if value == 1 and time.time() - self.slot_seen.witnessed_at() > WITNESS_TTL - 60:
+            # the key expired while no process of this data dir ticked (away for longer than
+            # its TTL): a new count, not a loss. A key a restore took away while this data dir
+            # was ticking cannot be mistaken for this: it would have lived on.
+            self.slot_seen.record_witness(base, value, fresh=True)
+            log.warning("redis_witness_restarted", after_seconds=WITNESS_TTL)
             return True
         self.slot_seen.latch(int(time.time() * 1000))
         log.error(

@@ -54,7 +54,8 @@ so the tag is unambiguous.
 ``fg:witness:<b>:<h>``  one counter per data dir ``<h>`` (a host's gateways) and
                         baseline ``<b>`` (the marker's id): only that data dir's
                         processes raise it, each time comparing the answer with
-                        the highest they recorded (see gateway.store.base).
+                        the highest they recorded (see gateway.store.base);
+                        TTL 7 days from its data dir's last tick.
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
                         init. Every deciding script checks the marker of its
                         own job's slot, so a wiped (or partly lost) Redis fails

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,8 +39,8 @@ MARKS_FILE = "fencegate.marks"
 # the marks, then the latch (unix ms; 0: not latched), then the witness: the baseline it
 # belongs to (a hash of the durability marker's id) and the highest value this data dir's
 # processes got from their witness key (see gateway.store.base.StoreBase.witness)
-_LATCH, _WITNESS_BASE, _WITNESS = SLOTS, SLOTS + 1, SLOTS + 2
-_WORDS = SLOTS + 3
+_LATCH, _WITNESS_BASE, _WITNESS, _WITNESS_AT = SLOTS, SLOTS + 1, SLOTS + 2, SLOTS + 3
+_WORDS = SLOTS + 4
 _SIZE = 8 * _WORDS
 
 
@@ -156,16 +157,24 @@ class SlotMarks:
             return self._witness[1] if self._witness[0] == base else 0
         return int(self._shared[_WITNESS]) if self._shared[_WITNESS_BASE] == base else 0
 
-    def record_witness(self, base: int, value: int) -> None:
+    def witnessed_at(self) -> int:
+        """When (unix seconds) a process of this data dir last recorded a witness value."""
+        return int(self._shared[_WITNESS_AT]) if self._shared is not None else self._witness_at
+
+    def record_witness(self, base: int, value: int, *, fresh: bool = False) -> None:
+        """Record ``value`` (``fresh``: a new count, the old one expired with its key)."""
+        now = int(time.time())
         if self._shared is None:
-            if self._witness[0] != base or value > self._witness[1]:
+            if fresh or self._witness[0] != base or value > self._witness[1]:
                 self._witness = (base, value)
+            self._witness_at = now
             return
-        if self._shared[_WITNESS_BASE] != base:
+        if fresh or self._shared[_WITNESS_BASE] != base:
             self._shared[_WITNESS_BASE] = base
             self._shared[_WITNESS] = value
         elif value > self._shared[_WITNESS]:
             self._shared[_WITNESS] = value
+        self._shared[_WITNESS_AT] = now
 
     def reset(self) -> None:
         """``fencegate init`` (a fresh baseline): every mark and the latch cleared."""
