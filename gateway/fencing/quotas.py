@@ -123,11 +123,11 @@ return 1
 _SETTLE_CHECKPOINT = """
 local stored = tonumber(ARGV[3])
 local change = stored - tonumber(ARGV[2])
-if change ~= 0 then redis.call('INCRBY', KEYS[2], change) end
-if stored ~= 0 then
-  if redis.call('HINCRBY', KEYS[1], ARGV[1], stored) <= 0 then
-    redis.call('HDEL', KEYS[1], ARGV[1])
-  end
+if change ~= 0 and redis.call('INCRBY', KEYS[2], change) <= 0 then
+  redis.call('DEL', KEYS[2])  -- nothing stored, nothing reserved: no key left behind
+end
+if stored ~= 0 and redis.call('HINCRBY', KEYS[1], ARGV[1], stored) <= 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
