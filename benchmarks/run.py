@@ -414,7 +414,7 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
         await client.evalsha(
             checkpoint_sha, 5, keys.job, keys.ckpt, keys.audit, *tk, "1", "required",
             "progress", f'{{"of":{n},"page":{i}}}', "null", "", keys.job_id, "default", "3600",
-            *ta,
+            "", "100", "", "256", *ta,
         )  # fmt: skip
 
     rows.append(await measure("L1 raw EVALSHA checkpoint", n, concurrency, checkpoint_raw))

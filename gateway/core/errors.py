@@ -13,6 +13,7 @@ gateway decided::
     ├── NotFound                  404 not_found
     ├── MethodNotAllowed          405 method_not_allowed
     ├── PayloadTooLarge           413 payload_too_large
+    ├── TooManyCheckpoints        413 too_many_checkpoints (a new name past max_per_job; audited)
     ├── UnsupportedMediaType      415 unsupported_media_type (a body that is not application/json)
     ├── RequestTimeout            408 request_timeout (the body did not arrive in time)
     ├── QuotaExceeded             429 quota_exceeded (Retry-After; audited)
@@ -78,6 +79,7 @@ __all__ = [
     "RequestTimeout",
     "StaleGeneration",
     "StoreUnavailable",
+    "TooManyCheckpoints",
     "TooManyHeld",
     "Unauthorized",
     "UnknownAdapter",
@@ -163,6 +165,12 @@ class PayloadTooLarge(FencegateError):
     code = "payload_too_large"
     status = 413
     title = "Request body too large"
+
+
+class TooManyCheckpoints(FencegateError):
+    code = "too_many_checkpoints"
+    status = 413
+    title = "The job holds as many checkpoints as it may; write one of them again"
 
 
 class RequestTimeout(FencegateError):

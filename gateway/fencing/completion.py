@@ -11,6 +11,11 @@ fenced record script runs: :class:`OutputRecorder`). That step decides nothing: 
 completion script re-checks every condition itself, so a recorder that refuses (the
 fence moved) only leaves the verdict to the script, which audits it.
 
+A checkpoint is one script too (``checkpoint-3``), charged to the tenant's
+``checkpoint_bytes`` quota around it (:meth:`CompletionService.checkpoint`: reserve, write,
+settle; :mod:`gateway.fencing.quotas`) and bounded per job by ``checkpoints.max_per_job``
+names (checked in the script, so two new names at once cannot both pass the last place).
+
 The reply of a completion may be lost on the wire. The store's client re-sends a call on
 a reset connection with the same request id, and a call that timed out is sent once more
 with the same id (the prelude answers what the first one answered, or runs it now): a
@@ -22,12 +27,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gateway.core.errors import InvalidRequest, Rejection, StoreUnavailable
+from gateway.fencing.quotas import Quotas
 from gateway.runtime.settings import NAME_RE
-from gateway.store.jobstate import Completion, JobState, canonical_json
+from gateway.store.jobstate import (
+    CHECKPOINT_ENVELOPE,
+    CheckpointWritten,
+    Completion,
+    JobState,
+    canonical_json,
+)
 from gateway.store.keys import JobKeys
 from gateway.store.scripts import new_request_id
 
@@ -64,11 +77,63 @@ def check_output_names(outputs: Sequence[str]) -> None:
 
 
 class CompletionService:
-    """Completes jobs under the fence; see the module docstring."""
+    """Completes jobs and writes their checkpoints under the fence; see the module docstring."""
 
-    def __init__(self, state: JobState, recorder: OutputRecorder | None = None) -> None:
+    def __init__(
+        self,
+        state: JobState,
+        quotas: Quotas,
+        *,
+        max_checkpoints: int,
+        recorder: OutputRecorder | None = None,
+    ) -> None:
         self._state = state
+        self._quotas = quotas
+        self._max_checkpoints = max_checkpoints
         self.recorder = recorder  # None: no object store configured
+
+    async def checkpoint(
+        self,
+        keys: JobKeys,
+        name: str,
+        value_json: str,
+        *,
+        generation: int,
+        worker_id: str | None,
+        by: str = "",
+    ) -> int:
+        """Write a checkpoint under the fence, charged to the tenant; returns when (ms,
+        Redis's clock). Over a cap: ``TooManyCheckpoints`` / ``QuotaExceeded``, audited."""
+        worker_json = "null" if worker_id is None else json.dumps(worker_id)
+        bound = len(value_json.encode()) + len(worker_json.encode()) + len(name)
+        hold = await self._quotas.reserve_checkpoint(keys.tenant, bound + CHECKPOINT_ENVELOPE)
+        stored = hold.charge  # unless the verdict says otherwise: counted as written in full
+        try:
+            written = await self._state.checkpoint(
+                keys,
+                name,
+                value_json,
+                generation=generation,
+                worker_id=worker_id,
+                by=by,
+                closed=hold.closed,
+            )
+            if isinstance(written, CheckpointWritten):
+                stored = written.charge - written.replaced
+                return written.at_ms
+            stored = 0
+            raise await self._quotas.checkpoint_refused(
+                keys, name, written.quota, worker_id=worker_id or "", limit=self._max_checkpoints
+            )
+        except Rejection:
+            stored = 0
+            raise
+        except StoreUnavailable as exc:
+            if not exc.maybe_applied:
+                stored = 0
+            raise
+        finally:
+            self._quotas.settle_checkpoint(keys, hold, stored)
 
     async def complete(
         self,

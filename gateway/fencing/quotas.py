@@ -29,6 +29,24 @@ crosses a slot on Redis Cluster):
   (by the relay, or a synchronous call that takes the step over); the gateway does not hook
   every such place: when a tenant reaches its cap, the held entries whose payload is gone
   are given back (at most once a second per tenant), then the reservation is tried again.
+* **stored checkpoint bytes** — every checkpoint of the tenant's jobs, each charged its stored
+  record (value, envelope, name) plus :data:`CHECKPOINT_OVERHEAD`: ``fg:quota:{<tenant>}:ckpt``
+  (job -> the charge of its checkpoints) and its sum ``fg:quota:{<tenant>}:ckpt_bytes``.
+  Charged by the checkpoint writes (:meth:`Quotas.reserve_checkpoint`, then
+  :meth:`Quotas.settle_checkpoint`), with or without the effect hook. The write's upper
+  bound is reserved before the script runs; over the cap (after one reconciliation) the
+  script is told (``closed``) and takes only a write that does not grow what the job
+  stores — a replacement of a stored name by one no larger — and refuses the rest, nothing
+  written. ``checkpoint-3`` answers the exact charge of the checkpoint and of the one of that
+  name it replaced; the settlement turns the reservation into that difference (the job's
+  script and the tenant's counter are two slots on Cluster: reserve before, settle after,
+  through the auto-pipeline, never one script). A job's checkpoints leave Redis only when
+  they expire with the retention (nothing else removes them, a completion keeps them): at
+  the cap, the entries of jobs whose checkpoints are gone are given back (as for payloads).
+  Bound: the counter is charged before the write, so it never counts less than what is
+  stored; it counts more for a write whose reply never came (kept at its full reservation
+  until the job's checkpoints expire) and for a process that died between a reservation and
+  its settlement (that reservation, at most one checkpoint per write in flight).
 
 The counters go through the store's auto-pipeline (:attr:`Store.batcher`): a charge is
 queued with the reply's tick and not waited for. Over a cap: ``429 quota_exceeded`` with
@@ -50,7 +68,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from gateway.core.errors import QuotaExceeded, Rejection, StoreUnavailable
+from gateway.core.errors import QuotaExceeded, Rejection, StoreUnavailable, TooManyCheckpoints
 from gateway.core.records import (
     Admitted,
     AdmitVerdict,
@@ -66,11 +84,12 @@ from gateway.runtime.settings import QuotaSettings
 from gateway.store.keys import JobKeys, audit_feed
 from gateway.store.store import Store
 
-__all__ = ["PAYLOAD_OVERHEAD", "Caps", "Quotas"]
+__all__ = ["CHECKPOINT_OVERHEAD", "PAYLOAD_OVERHEAD", "Caps", "CheckpointHold", "Quotas"]
 
 log = structlog.get_logger("fencegate.quotas")
 
 PAYLOAD_OVERHEAD = 1024  # the effect hash fields, the queue entry, the hint around a payload
+CHECKPOINT_OVERHEAD = 256  # a hash field's own cost in Redis, beyond its name and value
 
 # KEYS[1] counter; ARGV[1] amount, ARGV[2] cap (0: none), ARGV[3] ttl seconds
 _RESERVE = """
@@ -93,6 +112,22 @@ if ARGV[3] == '1' then
   if old > 0 then redis.call('INCRBY', KEYS[2], -old) end
 else
   redis.call('INCRBY', KEYS[2], -tonumber(ARGV[2]))
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+# KEYS[1] the checkpoint charges per job, KEYS[2] ckpt_bytes; ARGV[1] job, ARGV[2] reserved,
+# ARGV[3] what the write stored (its charge minus the one it replaced; 0: nothing), ARGV[4]
+# ttl. The reservation becomes what was stored; the job's entry holds its checkpoints' charge.
+_SETTLE_CHECKPOINT = """
+local stored = tonumber(ARGV[3])
+local change = stored - tonumber(ARGV[2])
+if change ~= 0 and redis.call('INCRBY', KEYS[2], change) <= 0 then
+  redis.call('DEL', KEYS[2])  -- nothing stored, nothing reserved: no key left behind
+end
+if stored ~= 0 and redis.call('HINCRBY', KEYS[1], ARGV[1], stored) <= 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
@@ -128,6 +163,19 @@ class Caps:
     effects: int
     rejections: int
     payload: int
+    checkpoint: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointHold:
+    """A checkpoint write's reservation: ``charge`` reserved (0: none), ``closed``: the
+    tenant's checkpoint bytes are used up (the script takes only a write that does not grow)."""
+
+    charge: int = 0
+    closed: bool = False
+
+
+_NO_HOLD = CheckpointHold()
 
 
 class Quotas:
@@ -149,24 +197,32 @@ class Quotas:
         self._window_ttl = str(settings.window_seconds + 60)
         self._scripts = {
             name: (hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest(), src)
-            for name, src in (("reserve", _RESERVE), ("settle", _SETTLE), ("drop", _DROP))
+            for name, src in (
+                ("reserve", _RESERVE),
+                ("settle", _SETTLE),
+                ("settle_checkpoint", _SETTLE_CHECKPOINT),
+                ("drop", _DROP),
+            )
         }
         # (tenant, 'fx' | 'rj') -> (window index, the counter as this process last saw it)
         self._seen: dict[tuple[str, str], tuple[int, int]] = {}
-        self._reconciled: dict[str, float] = {}
+        self._reconciled: dict[tuple[str, str], float] = {}
         self._audited: dict[tuple[str, str], tuple[float, int]] = {}
 
     def caps(self, tenant: str) -> Caps:
         own = self._settings.tenants.get(tenant)
         s = self._settings
         if own is None:
-            return Caps(s.effects_per_window, s.rejections_per_window, s.payload_bytes)
+            return Caps(
+                s.effects_per_window, s.rejections_per_window, s.payload_bytes, s.checkpoint_bytes
+            )
         return Caps(
             s.effects_per_window if own.effects_per_window is None else own.effects_per_window,
             s.rejections_per_window
             if own.rejections_per_window is None
             else own.rejections_per_window,
             s.payload_bytes if own.payload_bytes is None else own.payload_bytes,
+            s.checkpoint_bytes if own.checkpoint_bytes is None else own.checkpoint_bytes,
         )
 
     async def _call(self, script: str, keys: list[str], args: list[Any]) -> int:
@@ -314,35 +370,110 @@ class Quotas:
     async def reconcile(self, tenant: str) -> int:
         """Give back the charges of held payloads that left Redis; returns bytes freed (at
         most once a second per tenant: 0 when skipped)."""
+
+        def gone(pipe: Any, member: str) -> None:
+            job, step = json.loads(member)
+            pipe.hget(JobKeys(tenant, job).effect(step), "payload_sha")
+
+        return await self._reconcile(tenant, "held", gone)
+
+    async def _reconcile(self, tenant: str, kind: str, ask: Any) -> int:
+        """Drop the entries of ``fg:quota:{<tenant>}:<kind>`` whose stored thing is gone:
+        ``ask(pipe, member)`` queues one read that answers None (or 0) when it is. Bytes
+        freed; at most once a second per tenant and kind (0 when skipped)."""
         now = time.monotonic()
-        if now - self._reconciled.get(tenant, 0.0) < 1.0:
+        if now - self._reconciled.get((tenant, kind), 0.0) < 1.0:
             return 0
-        self._reconciled[tenant] = now
+        self._reconciled[(tenant, kind)] = now
         p = _prefix(tenant)
         try:
-            held: dict[str, str] = await self._client.hgetall(f"{p}:held")  # type: ignore[assignment]
+            held: dict[str, str] = await self._client.hgetall(f"{p}:{kind}")  # type: ignore[assignment]
             gone: list[str] = []
             items = list(held.items())
             for i in range(0, len(items), 1000):
                 chunk = items[i : i + 1000]
                 async with self._client.pipeline(transaction=False) as pipe:
                     for member, _ in chunk:
-                        job, step = json.loads(member)
-                        pipe.hget(JobKeys(tenant, job).effect(step), "payload_sha")
+                        ask(pipe, member)
                     found = await pipe.execute()
-                for (member, charge), sha in zip(chunk, found, strict=True):
-                    if sha is None:
+                for (member, charge), there in zip(chunk, found, strict=True):
+                    if not there:
                         gone += [member, charge]
             if not gone:
                 return 0
             freed = 0
             for i in range(0, len(gone), 2000):
-                keys = [f"{p}:held", f"{p}:held_bytes"]
+                keys = [f"{p}:{kind}", f"{p}:{kind}_bytes"]
                 freed += await self._call("drop", keys, gone[i : i + 2000])
             return freed
         except (RedisError, OSError):
-            log.warning("quota_reconcile_failed", tenant=tenant)
+            log.warning("quota_reconcile_failed", tenant=tenant, kind=kind)
             return 0
+
+    # -- stored checkpoint bytes ----------------------------------------------
+
+    async def reserve_checkpoint(self, tenant: str, bound: int) -> CheckpointHold:
+        """Reserve a checkpoint write's upper bound (its stored bytes at most, without the
+        overhead); closed when it does not fit (after one reconciliation)."""
+        cap = self.caps(tenant).checkpoint
+        if not cap:
+            return _NO_HOLD
+        charge = bound + CHECKPOINT_OVERHEAD
+        counter = f"{_prefix(tenant)}:ckpt_bytes"
+        for attempt in (0, 1):
+            if await self._call("reserve", [counter], [charge, cap, self._ttl]) >= 0:
+                return CheckpointHold(charge)
+            if attempt == 0 and not await self.reconcile_checkpoints(tenant):
+                break
+        return CheckpointHold(closed=True)
+
+    def settle_checkpoint(self, keys: JobKeys, hold: CheckpointHold, stored: int) -> None:
+        """The write stored ``stored`` bytes more (its charge minus the one it replaced; 0:
+        nothing written; the reservation for a write whose reply never came). Queued in this
+        tick's pipeline, not waited for: it only lowers the counter, never raises it."""
+        if not hold.charge and not hold.closed:
+            return  # the tenant has no checkpoint cap: nothing is counted
+        p = _prefix(keys.tenant)
+        sha, source = self._scripts["settle_checkpoint"]
+        args = [keys.job_id, str(hold.charge), str(stored), self._ttl]
+        future = self._batcher.evalsha(sha, source, [f"{p}:ckpt", f"{p}:ckpt_bytes"], args)
+
+        def settled(future: asyncio.Future[Any]) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                log.warning("quota_settle_failed", job_id=keys.job_id, kind="checkpoint")
+
+        future.add_done_callback(settled)
+
+    async def reconcile_checkpoints(self, tenant: str) -> int:
+        """Give back the charges of jobs whose checkpoints expired; returns bytes freed (at
+        most once a second per tenant: 0 when skipped)."""
+
+        def gone(pipe: Any, job: str) -> None:
+            pipe.exists(JobKeys(tenant, job).ckpt)
+
+        return await self._reconcile(tenant, "ckpt", gone)
+
+    async def checkpoint_refused(
+        self, keys: JobKeys, name: str, quota: str, *, worker_id: str, limit: int
+    ) -> QuotaExceeded | TooManyCheckpoints:
+        """Audit a refused checkpoint write; the problem to raise (``limit``: the job's
+        checkpoint names, for ``checkpoints_per_job``)."""
+        await self.audit(keys, f"checkpoint:{name}", quota, worker_id=worker_id)
+        if quota == "checkpoints_per_job":
+            return TooManyCheckpoints(
+                f"job {keys.job_id!r} holds {limit} checkpoints (checkpoints.max_per_job); "
+                "write one of them again instead of a new name",
+                limit=limit,
+            )
+        cap = self.caps(keys.tenant).checkpoint
+        return QuotaExceeded(
+            f"tenant {keys.tenant!r} has {cap} bytes of checkpoints stored; they are freed "
+            "when their jobs' checkpoints expire (fencing.retention_seconds after a job's "
+            "last checkpoint). A checkpoint written again no larger is still taken",
+            retry_after=self._settings.retry_after_seconds,
+            quota="checkpoint_bytes",
+            limit=cap,
+        )
 
     # -- audit -----------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from gateway.fencing.bulkheads import HttpPools, scope_adapters
 from gateway.fencing.completion import CompletionService
 from gateway.fencing.outputs import OutputService
 from gateway.fencing.outputs_sweep import sweep as sweep_outputs
-from gateway.fencing.quotas import Quotas
+from gateway.fencing.quotas import CHECKPOINT_OVERHEAD, Quotas
 from gateway.fencing.service import EffectService
 from gateway.fencing.tenancy import resolve_tenancy
 from gateway.http import appkeys as K
@@ -219,9 +219,19 @@ def create_app(
             store,
             registration=settings.fencing.registration,
             retention_seconds=settings.fencing.retention_seconds,
+            max_checkpoints=settings.checkpoints.max_per_job,
+            checkpoint_overhead=CHECKPOINT_OVERHEAD,
+        )
+        app[K.QUOTAS] = Quotas(
+            store,
+            settings.quotas,
+            app[K.METRICS],
+            retention_seconds=settings.fencing.retention_seconds,
         )
         # the object store's side sets .recorder (pre-signed uploads recorded at completion)
-        app[K.COMPLETION] = CompletionService(app[K.JOBSTATE])
+        app[K.COMPLETION] = CompletionService(
+            app[K.JOBSTATE], app[K.QUOTAS], max_checkpoints=settings.checkpoints.max_per_job
+        )
         app[K.METRICS].watch(store.batcher)
         app[OUTPUTS] = OutputService(
             store,
@@ -324,14 +334,8 @@ def create_app(
             )
         adapters = scope_adapters(adapters)
         app[K.ADAPTERS] = adapters
-        quotas = None
-        if settings.quotas.enabled:  # no cap anywhere: no hook, nothing called per call
-            quotas = Quotas(
-                app[K.STORE],
-                settings.quotas,
-                app[K.METRICS],
-                retention_seconds=settings.fencing.retention_seconds,
-            )
+        # no cap on effect calls anywhere: no hook, nothing called per effect call
+        quotas = app[K.QUOTAS] if settings.quotas.enabled else None
         app[K.SERVICE] = EffectService(
             app[K.STORE],
             adapters,

@@ -7,6 +7,7 @@ from aiohttp import web
 from adapters.base import Adapter
 from gateway.core.tokens import TokenSigner
 from gateway.fencing.completion import CompletionService
+from gateway.fencing.quotas import Quotas
 from gateway.fencing.service import EffectService
 from gateway.fencing.tenancy import Tenancy
 from gateway.http.auth import Authenticator
@@ -27,6 +28,7 @@ OPENAPI = web.AppKey("openapi", bytes)
 SIGNER: web.AppKey[TokenSigner | None] = web.AppKey("signer")
 JOBSTATE = web.AppKey("jobstate", JobState)
 COMPLETION = web.AppKey("completion", CompletionService)
+QUOTAS = web.AppKey("quotas", Quotas)
 # the free-space floors /readyz reports (`disk`): the file store's volume, the embedded
 # Redis's data dir volume
 FLOORS = web.AppKey("floors", list[SpaceFloor])

@@ -76,7 +76,7 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     worker_id = _worker_id(request)
     value = await _checkpoint_value(request)
     gen = await _generation(request, keys, step=f"checkpoint:{name}", worker_id=worker_id)
-    at = await request.app[K.JOBSTATE].checkpoint(
+    at = await request.app[K.COMPLETION].checkpoint(
         keys, name, canonical_json(value), generation=gen, worker_id=worker_id, by=principal.who
     )
     return respond(checkpoint_out(keys.job_id, Checkpoint(name, gen, value, worker_id, at)))
@@ -130,7 +130,7 @@ JOB_ROUTES: tuple[Route, ...] = (
         body=CheckpointBody,
         responses={200: CheckpointOut},
         headers=("Fencing-Token", "Worker-Id"),
-        problems=(*_FENCED, 413, 415),
+        problems=(*_FENCED, 413, 415, 429),
     ),
     Route(
         "GET",

@@ -28,7 +28,7 @@ _STATUS_TEXT = {
     404: "Not found",
     408: "The body did not arrive in time",
     409: "Refused by the fence (or the job completed), in progress or outcome unknown",
-    413: "Body too large",
+    413: "Body too large (or, for a checkpoint, a new name past checkpoints.max_per_job)",
     500: "Internal error",
     501: "Not supported by the configured object store",
     415: "A body or Content-Type that is not application/json",

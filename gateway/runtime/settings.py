@@ -133,6 +133,9 @@ class CheckpointSettings(_Section):
 
     # The largest checkpoint value (its JSON body, bytes); a larger one is refused with 413.
     max_bytes: Annotated[int, Field(ge=16, le=16 * 1024 * 1024)] = 65_536
+    # The most checkpoint names one job holds: a new name past it is refused (413
+    # too_many_checkpoints); writing a stored name again is always taken.
+    max_per_job: Annotated[int, Field(ge=1, le=100_000)] = 100
 
 
 class ConnectionSettings(_Section):
@@ -175,6 +178,7 @@ class TenantQuota(_Section):
     effects_per_window: Annotated[int, Field(ge=0)] | None = None
     rejections_per_window: Annotated[int, Field(ge=0)] | None = None
     payload_bytes: Annotated[int, Field(ge=0)] | None = None
+    checkpoint_bytes: Annotated[int, Field(ge=0)] | None = None
 
 
 class QuotaSettings(_Section):
@@ -190,13 +194,19 @@ class QuotaSettings(_Section):
     # Async payload bytes a tenant may have stored for the relay at once (each payload
     # counts its size plus 1 KiB for the records around it).
     payload_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
-    # Retry-After of a 429 for stored payloads (the relay frees them as it delivers).
+    # Checkpoint bytes a tenant may have stored, over all its jobs (each checkpoint counts
+    # its stored record plus 256 bytes; freed when the job's checkpoints expire).
+    checkpoint_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
+    # Retry-After of a 429 for stored payloads (the relay frees them as it delivers) and
+    # for stored checkpoints.
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 5
     tenants: dict[str, TenantQuota] = {}
 
     @property
     def enabled(self) -> bool:
-        """Some tenant has a cap: the admission hook is built (else nothing is)."""
+        """Some tenant has a cap on effect calls: the effect service's admission hook is
+        built (else nothing is called per effect call). ``checkpoint_bytes`` is charged by
+        the checkpoint writes themselves, whatever this says."""
         caps = [self.effects_per_window, self.rejections_per_window, self.payload_bytes]
         for own in self.tenants.values():
             caps += [own.effects_per_window or 0, own.rejections_per_window or 0]

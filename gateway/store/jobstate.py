@@ -23,17 +23,25 @@ from typing import Any
 
 from gateway.core import fastjson
 from gateway.core.errors import OutputNotStaged
+from gateway.core.records import OverQuota
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store
 
 __all__ = [
+    "CHECKPOINT_ENVELOPE",
     "Checkpoint",
+    "CheckpointWritten",
     "Completion",
     "JobState",
     "JobStateView",
     "OutputRecord",
     "canonical_json",
 ]
+
+
+# The stored field's bytes around the value and the worker id: '{"generation":', ',"value":',
+# ',"worker":', ',"at_ms":', '}' (43) and the two numbers (at most 16 digits each).
+CHECKPOINT_ENVELOPE = 75
 
 
 def canonical_json(value: Any) -> str:
@@ -53,6 +61,16 @@ class Checkpoint:
     def from_json(cls, name: str, raw: str) -> Checkpoint:
         d = fastjson.loads(raw)
         return cls(name, int(d["generation"]), d["value"], d.get("worker"), int(d["at_ms"]))
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWritten:
+    """A checkpoint stored: when (ms, Redis's clock), and its charge and that of the
+    checkpoint of the same name it replaced (0: a new name), as ``checkpoint-3`` counts them."""
+
+    at_ms: int
+    replaced: int
+    charge: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +131,20 @@ class JobStateView:
 class JobState:
     """Checkpoints and completion of jobs, on the gateway's :class:`Store`."""
 
-    def __init__(self, store: Store, *, registration: str, retention_seconds: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        registration: str,
+        retention_seconds: int,
+        max_checkpoints: int = 100,
+        checkpoint_overhead: int = 256,
+    ) -> None:
         self._store = store
         self._registration = registration
         self._retention = str(retention_seconds)
+        self._max_checkpoints = str(max_checkpoints)
+        self._overhead = str(checkpoint_overhead)
 
     async def checkpoint(
         self,
@@ -127,9 +155,13 @@ class JobState:
         generation: int,
         worker_id: str | None,
         by: str = "",
-    ) -> int:
-        """Write a checkpoint under the fence; returns when (ms, Redis's clock). ``by``: who
-        calls, recorded with an implicit registration."""
+        closed: bool = False,
+    ) -> CheckpointWritten | OverQuota:
+        """Write a checkpoint under the fence. ``by``: who calls, recorded with an implicit
+        registration. ``closed``: the tenant's checkpoint bytes are used up (only a write that
+        does not grow the job's checkpoints is taken). Over ``max_checkpoints`` names or
+        ``closed``: :class:`OverQuota` (``checkpoints_per_job`` | ``checkpoint_bytes``), nothing
+        written."""
         store = self._store
         reply = await store._run(
             "checkpoint-3",
@@ -146,13 +178,19 @@ class JobState:
                 keys.tenant,
                 self._retention,
                 by,
+                self._max_checkpoints,
+                "1" if closed else "",
+                self._overhead,
             ),
         )
-        if int(reply[0]) == 9:
-            raise await store._rejected(
-                keys, reply, step=f"checkpoint:{name}", worker_id=worker_id or ""
-            )
-        return int(reply[2])
+        code = int(reply[0])
+        if code == 0:
+            return CheckpointWritten(int(reply[2]), int(reply[3]), int(reply[4]))
+        if code == 12:
+            return OverQuota(str(reply[1]))
+        raise await store._rejected(
+            keys, reply, step=f"checkpoint:{name}", worker_id=worker_id or ""
+        )
 
     async def load_checkpoint(self, keys: JobKeys, name: str) -> Checkpoint | None:
         client = self._store.client

@@ -1,7 +1,8 @@
 """The contract suite on a 3+3 Valkey Cluster: every outcome row (test_effects), the relay
-(test_relay) and the concurrency tests (test_concurrency), unchanged, through a gateway with
-``[redis] cluster = true`` and ``replicas_acked = 1``; the fixtures of cluster_support replace
-the standalone ones."""
+(test_relay), the concurrency tests (test_concurrency) and the checkpoint quotas
+(test_checkpoint_quotas: the tenant's counter in another slot than the job's), unchanged,
+through a gateway with ``[redis] cluster = true`` and ``replicas_acked = 1``; the fixtures of
+cluster_support replace the standalone ones."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from gateway.http import appkeys as K
 from tests.conftest import Gateway
 from tests.integration import test_relay
 from tests.integration.cluster_support import make_gateway, redis_sync, redis_url  # noqa: F401
+from tests.integration.test_checkpoint_quotas import *  # noqa: F403
 from tests.integration.test_concurrency import *  # noqa: F403
 from tests.integration.test_effects import *  # noqa: F403
 from tests.integration.test_relay import *  # noqa: F403

@@ -40,6 +40,13 @@ async def test_documented_acl_user_runs_the_gateway(
         assert (await gw.effect("r", "s", 2)).status == 200  # replay
         assert (await gw.effect("r", "s", 1)).status == 409  # stale, audited
         assert (await gw.heartbeat("r", 2)).status == 200
+        # a checkpoint, written again (its charge settled on the tenant's quota counters)
+        for value in ([1] * 100, [1]):
+            put = await gw.client.put(
+                "/v1/jobs/r/checkpoints/c", json=value, headers={"Fencing-Token": "2"}
+            )
+            assert put.status == 200, await put.text()
+        assert (await gw.client.get("/v1/jobs/r/checkpoints/c")).status == 200
         assert (await gw.client.get("/v1/jobs/r")).status == 200
         assert len(await gw.audit()) == 1
         # the "needs a decision" side: an unknown step, the reconciler, listing, the overview

@@ -79,8 +79,9 @@ def admit(job: JobKeys, gen: int, mode: str, run_before: str = "") -> Call:
 def checkpoint(job: JobKeys, gen: int, mode: str) -> Call:
     return (
         (job.job, job.ckpt, job.audit),
-        (str(gen), mode, "c", "1", '"w"', "w", job.job_id, job.tenant, RETENTION, "tester"),
-    )
+        (str(gen), mode, "c", "1", '"w"', "w", job.job_id, job.tenant, RETENTION, "tester",
+         "100", "", "256"),
+    )  # fmt: skip
 
 
 def complete(job: JobKeys, gen: int, mode: str) -> Call:

@@ -15,12 +15,21 @@
     ARGV[7] job id   ARGV[8] tenant   ARGV[9] retention, seconds
     ARGV[10] who calls (the key's name, else its role; '' when not given): recorded with an
              implicit registration (the fence raised in implicit mode: 'event' = 'registered')
+    ARGV[11] the most checkpoint names a job holds (checkpoints.max_per_job): a new name past
+             it is refused; a replacement of a stored name never is
+    ARGV[12] '1': the tenant's checkpoint bytes are used up (gateway.fencing.quotas): only a
+             write that does not grow what the job stores is taken; '' otherwise
+    ARGV[13] the fixed charge of one checkpoint on top of its stored bytes (quotas)
 
   The stored field: {"generation":g,"value":<json>,"worker":<string|null>,"at_ms":ms},
-  written as text here so the value's numbers are never re-encoded by Lua.
+  written as text here so the value's numbers are never re-encoded by Lua. Its charge (the
+  tenant's checkpoint_bytes quota): the field's bytes + the name's + ARGV[13].
 
   Output:
-    {0, fence, at_ms}   written
+    {0, fence, at_ms, charge_replaced, charge}   written (charge_replaced: the charge of
+                        the checkpoint of that name it replaced, '0' when the name is new)
+    {12, quota}   refused, nothing of the checkpoint written: 'checkpoints_per_job' (a new
+                  name past ARGV[11]) or 'checkpoint_bytes' (ARGV[12] and it grows)
     {9, reason, presented, current, audit_id, ''}   rejected and audited
       (job_cancelled, stale_generation, unregistered_generation, lease_expired,
        job_completed)
@@ -39,7 +48,27 @@ local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[9], now
   {'cancelled', 'stale', 'completed'})
 if g.reply then return g.reply end
 
-redis.call('HSET', KEYS[2], ARGV[3], '{"generation":' .. fmt(gen) .. ',"value":' .. ARGV[4] ..
-  ',"worker":' .. ARGV[5] .. ',"at_ms":' .. fmt(now) .. '}')
+local name = ARGV[3]
+local overhead = tonumber(ARGV[13])
+local text = '{"generation":' .. fmt(gen) .. ',"value":' .. ARGV[4] .. ',"worker":' ..
+  ARGV[5] .. ',"at_ms":' .. fmt(now) .. '}'
+local charge = #text + #name + overhead
+local before = redis.call('HSTRLEN', KEYS[2], name)
+local replaced = 0
+if before > 0 then replaced = before + #name + overhead end
+
+-- refused: nothing of the checkpoint is written (an implicit raise on the way stays)
+local function refuse(quota)
+  local reply = {12, quota}
+  if g.raised then return done(reply) end
+  return reply
+end
+local most = tonumber(ARGV[11])
+if before == 0 and most > 0 and redis.call('HLEN', KEYS[2]) >= most then
+  return refuse('checkpoints_per_job')
+end
+if ARGV[12] == '1' and charge > replaced then return refuse('checkpoint_bytes') end
+
+redis.call('HSET', KEYS[2], name, text)
 redis.call('EXPIRE', KEYS[2], ARGV[9])
-return done({0, fmt(g.fence), fmt(now)})
+return done({0, fmt(g.fence), fmt(now), fmt(replaced), fmt(charge)})
