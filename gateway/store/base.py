@@ -398,15 +398,13 @@ class StoreBase:
             "backup, a lost tail of writes, a failover to a lagging replica): Redis is "
             "quarantined for every gateway until `fencegate init --confirm-data-loss`",
         )
+        await self._quarantine_for("slot_went_back", slot=slot, counter=counter, seen=seen)
+
+    async def _quarantine_for(self, cause: str, **facts: int) -> None:
+        """Quarantine Redis, recording the cause, this data dir and this process."""
         await self._guard(
             lambda: durability.quarantine(
-                self._client,
-                cause="slot_went_back",
-                slot=slot,
-                counter=counter,
-                seen=seen,
-                by=self.host_id,
-                pid=os.getpid(),
+                self._client, cause=cause, by=self.host_id, pid=os.getpid(), **facts
             )
         )
 
@@ -461,16 +459,7 @@ class StoreBase:
             "writes it acknowledged and is quarantined for every gateway until "
             "`fencegate init --confirm-data-loss`",
         )
-        await self._guard(
-            lambda: durability.quarantine(
-                self._client,
-                cause="witness_went_back",
-                counter=value,
-                seen=before,
-                by=self.host_id,
-                pid=os.getpid(),
-            )
-        )
+        await self._quarantine_for("witness_went_back", counter=value, seen=before)
         return False
 
     async def initialize(
