@@ -43,7 +43,8 @@ async def overview(request: web.Request) -> web.Response:
     store = request.app[CONSOLE].store
     now_ms = int(time.time() * 1000)
     data: dict[str, Any] = await store.overview(session.tenant, now_ms=now_ms)
-    return render(request, "overview.html", {"overview": data, "now_ms": now_ms})
+    health = await store.readiness()  # why this gateway refuses, when it does (as /readyz)
+    return render(request, "overview.html", {"overview": data, "now_ms": now_ms, "health": health})
 
 
 async def rejections(request: web.Request) -> web.Response:

@@ -290,3 +290,31 @@ async def test_resolve_needs_csrf_confirmation_and_this_origin(console: Console)
         )
         body = await record.json()
         assert body["state"] == "succeeded" and body["resolved_by"] == "alice-auditor"
+
+
+async def test_the_overview_says_why_a_quarantined_redis_refuses(
+    console: Console, redis_sync: Any
+) -> None:
+    """An operator opening the console of a gateway whose Redis was quarantined (lost writes)
+    reads the cause, when, by which data dir, and what to do; a healthy one shows nothing."""
+    session, _ = await logged_in(console)
+    async with session:
+        async with session.get(console.base + "/console/") as resp:
+            assert resp.status == 200
+            assert 'id="card-health"' not in await resp.text()
+        from gateway.store import durability
+        from gateway.store.keys import MARKER
+
+        redis_sync.delete(MARKER)
+        redis_sync.set(
+            "fg:quarantine",
+            '{"cause": "slot_went_back", "at_ms": 1796000000000, "slot": 7, "counter": 3, '
+            '"seen": 9, "by": "abc123", "pid": 42}',
+        )
+        async with session.get(console.base + "/console/") as resp:
+            page = await resp.text()
+        assert resp.status == 200 and 'id="card-health"' in page
+        assert "marker_missing (quarantined)" in page
+        assert "slot_went_back, slot 7, counter 3 below 9 seen" in page
+        assert "fencegate init --confirm-data-loss" in page
+        assert durability.MARKER_STATES["quarantined"].split(":")[0] in page
