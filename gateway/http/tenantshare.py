@@ -61,6 +61,13 @@ async def tenant_share(
 ) -> web.StreamResponse:
     """Attribute the connection to the tenant of the request's API key (module docstring).
     A missing or unknown key is the handler's to answer (401): nothing is counted."""
+    slot: Any = request.config_dict.get(GUARD)
+    guard = slot.guard if slot is not None else None
+    if guard is None or not guard.shares.share or request.transport is None:
+        return await handler(request)  # no share to count (one tenant, tests' servers)
+    conn = guard.open.get(request.transport)
+    if conn is None or conn.tenant is not None:
+        return await handler(request)  # counted at its first authenticated request
     header = request.headers.get("Authorization")
     auth = request.app[K.AUTH]
     if header is not None and not auth.open:
@@ -69,7 +76,6 @@ async def tenant_share(
         except Unauthorized:
             tenant = None
         if tenant is not None and not claim_connection(request, tenant):
-            slot: Any = request.config_dict.get(GUARD)
             settings = request.app[K.SETTINGS].connections
             return refusal(settings.retry_after_seconds, slot.guard.shares.share)
     return await handler(request)
