@@ -7,6 +7,7 @@ tests/chaos/cluster.py: a gateway stopped answering even /healthz after a failov
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -27,7 +28,8 @@ async def test_the_anchor_read_does_not_block_the_loop_after_a_failover(
         await client.initialize()
         entry = await client.xadd(job.audit, {"reason": "x"})
         await client.hset(job.job, mapping={"audit_head": "h", "audit_last": entry})
-        anchorer = Anchorer(client, {}, tmp_path / "anchors.jsonl", [])  # type: ignore[operator]
+        path = tmp_path / "anchors.jsonl"  # type: ignore[operator]
+        anchorer = Anchorer(client, {job: entry}, path, [])
         client._initialize = True  # what redis-py sets on MOVED / a connection error
         # a watchdog outside the loop: a blocked loop cannot time itself out
         blocked = threading.Event()
@@ -43,11 +45,12 @@ async def test_the_anchor_read_does_not_block_the_loop_after_a_failover(
                 await asyncio.sleep(0.01)
 
         ticker = asyncio.create_task(tick())
-        record = await anchorer._read(job, entry)
+        anchored = await anchorer.anchor_once()
         ticker.cancel()
         timer.cancel()
         assert not blocked.is_set(), "the anchor read blocked the event loop for 10 s"
-        assert record is not None and record["entry"] == entry and record["count"] == 1
+        [record] = [json.loads(line) for line in path.read_text().splitlines()]
+        assert anchored == 1 and record["entry"] == entry and record["count"] == 1
         assert time.monotonic() - started < 5
     finally:
         await client.aclose()
