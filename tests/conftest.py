@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,7 +241,13 @@ async def make_gateway(redis_url: str, upstream: Upstream, tmp_path: Path) -> As
 
     yield make
     for c in clients:
-        await c.close()
+        try:  # a gateway that does not shut down is a bug: fail fast and show what waits
+            await asyncio.wait_for(asyncio.shield(c.close()), 25)
+        except TimeoutError:
+            for task in asyncio.all_tasks():
+                print("still running at shutdown:", task, file=sys.stderr)
+                task.print_stack(file=sys.stderr)
+            raise
 
 
 @pytest.fixture

@@ -328,7 +328,7 @@ async def test_short_body_or_disconnect_mid_upload_records_nothing(
     gen = await register(ogw)
     await _raw_put(ogw, 500_000, b"only part of it" * 100, gen)
     outputs_key = f"fg:{{default/{JOB}}}:outputs"
-    for _ in range(200):  # the gateway notices, abandons the put and frees the claim
+    for _ in range(750):  # the gateway notices, abandons the put and frees the claim (15 s)
         entry = redis_sync.hget(outputs_key, "1/report")
         if entry is not None and '"deadline":0' in entry:
             break
