@@ -15,13 +15,15 @@ WORKER = {"Fencing-Token": "1"}
 
 
 def snapshot(r: redis.Redis) -> dict[str, Any]:
-    """Every key with its contents (left out: the readiness probe's key and the data dirs'
-    witness counters, which each gateway raises every second on its own)."""
+    """Every key with its contents (left out: the readiness probe's key, the data dirs'
+    witness counters, which each gateway raises every second on its own, and the quota
+    counters, which an accepted write settles after its answer; bad input never reaches
+    them)."""
     out: dict[str, Any] = {}
     for key in sorted(r.keys("*")):
         kind = r.type(key)
-        if key == "fg:readyz:probe" or key.startswith("fg:witness:"):
-            continue
+        if key == "fg:readyz:probe" or key.startswith(("fg:witness:", "fg:quota:")):
+            continue  # written on their own: the witness tick, an earlier write's quota settle
         if kind == "hash":
             out[key] = r.hgetall(key)
         elif kind == "string":
