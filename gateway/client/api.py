@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from gateway.client.jobdata import (
     JobData,
     OutputUploaded,
 )
+from gateway.client.proxying import FencedStep, fenced_step
 from gateway.core.errors import (
     AdapterUnavailable,
     BadToken,
@@ -36,6 +38,8 @@ from gateway.core.errors import (
     Rejection,
     StaleGeneration,
     StoreUnavailable,
+    Superseded,
+    TryLater,
     UnknownAdapter,
     UnregisteredGeneration,
     error_for_code,
@@ -67,6 +71,8 @@ __all__ = [
     "Scheduler",
     "StaleGeneration",
     "StoreUnavailable",
+    "Superseded",
+    "TryLater",
     "UnknownAdapter",
     "UnregisteredGeneration",
     "mint_token",
@@ -237,6 +243,15 @@ class FencedJob(_Client, JobData):
         self.completion: Completion | None = None
         self._owner: asyncio.Task[Any] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._beating = asyncio.Lock()  # held while a heartbeat is on its way
+        self._beats_held = False
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[FencedStep]:
+        """Inside the block, a proxied call made through one of the SDK's transports
+        (:mod:`gateway.client.proxying`) is step ``name`` of this job, fenced by its token."""
+        with fenced_step(self, name) as current:
+            yield current
 
     def _fence_headers(self) -> dict[str, str]:
         h = {"Fencing-Token": self.token}
@@ -246,9 +261,16 @@ class FencedJob(_Client, JobData):
 
     async def __aenter__(self) -> FencedJob:
         self._owner = asyncio.current_task()
-        if self.heartbeat_interval:
-            self._heartbeat = asyncio.create_task(self._beat(self.heartbeat_interval))
+        self.start_heartbeats()
         return self
+
+    def start_heartbeats(self) -> None:
+        """Renew the lease every ``heartbeat_interval`` seconds in a task of the running loop
+        (none with no interval), until the job is left (``__aexit__``), completed or
+        superseded. ``async with`` calls it; :class:`~gateway.client.sync.SyncFencedJob`
+        calls it on its own loop."""
+        if self.heartbeat_interval and self._heartbeat is None:
+            self._heartbeat = asyncio.create_task(self._beat(self.heartbeat_interval))
 
     async def __aexit__(
         self,
@@ -275,15 +297,24 @@ class FencedJob(_Client, JobData):
     async def _beat(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            try:
-                await self.heartbeat()
-            except JobCompleted:
-                return  # completed (by this generation: a stale one hears stale_generation)
-            except SUPERSEDED as err:
-                self._supersede(err)
-                return
-            except FencegateError:
-                continue  # gateway or store briefly unavailable: try again next beat
+            async with self._beating:
+                if self._beats_held:
+                    continue
+                try:
+                    await self.heartbeat()
+                except JobCompleted:
+                    return  # completed (by this generation: a stale one hears stale_generation)
+                except SUPERSEDED as err:
+                    self._supersede(err)
+                    return
+                except FencegateError:
+                    continue  # gateway or store briefly unavailable: try again next beat
+
+    async def _hold_heartbeats(self, held: bool) -> None:
+        self._beats_held = held
+        if held:
+            async with self._beating:  # the heartbeat on its way, if any, has its answer
+                pass
 
     async def heartbeat(self) -> dict[str, Any]:
         """Is this generation still current? Renews the lease. Raises when superseded."""

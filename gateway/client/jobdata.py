@@ -18,19 +18,15 @@ from typing import IO, Any
 
 from gateway.core.errors import (
     FencegateError,
-    JobCancelled,
-    JobCompleted,
-    LeaseExpired,
     NotFound,
-    StaleGeneration,
-    UnregisteredGeneration,
+    Superseded,
 )
 
 __all__ = ["SUPERSEDED", "CheckpointValue", "Completion", "JobData", "OutputData", "OutputUploaded"]
 
 # The answers after which a worker must stop working on the job (a completed job: the
 # heartbeat stops quietly, the work is over; see FencedJob._beat).
-SUPERSEDED = (StaleGeneration, JobCancelled, LeaseExpired, UnregisteredGeneration, JobCompleted)
+SUPERSEDED = (Superseded,)  # stale, cancelled, lease expired, unregistered, completed
 
 OutputData = bytes | bytearray | memoryview | IO[bytes] | os.PathLike[str]
 
@@ -100,6 +96,9 @@ class JobData:
     def _fence_headers(self) -> dict[str, str]:
         raise NotImplementedError  # FencedJob's
 
+    async def _hold_heartbeats(self, held: bool) -> None:
+        """Held: no heartbeat starts, and one on its way has been answered (FencedJob's)."""
+
     def _stale(self, err: FencegateError) -> None:
         if isinstance(err, SUPERSEDED):
             self.superseded = self.superseded or err
@@ -154,6 +153,9 @@ class JobData:
         generation). Sent again after a lost answer, the same completion replays. A stale
         generation raises :class:`StaleGeneration`, like an effect; heartbeats stop after."""
         body = {"outputs": list(outputs), "result": result}
+        # a heartbeat the gateway handled after the completion would be refused (and audited)
+        # as job_completed: none is on its way while the completion is
+        await self._hold_heartbeats(True)
         try:
             _, out = await self._call(
                 "POST",
@@ -161,8 +163,10 @@ class JobData:
                 json=body,
                 headers=self._fence_headers(),
             )
-        except FencegateError as err:
-            self._stale(err)
+        except BaseException as err:
+            if isinstance(err, FencegateError):
+                self._stale(err)
+            await self._hold_heartbeats(False)  # not completed: the lease is renewed again
             raise
         self.completion = Completion(
             generation=out["generation"],

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from gateway.client.api import FencedJob, Generation, Scheduler
 from gateway.client.jobdata import CheckpointValue, Completion, OutputData, OutputUploaded
+from gateway.client.proxying import FencedStep, fenced_step
 from gateway.core.errors import (
     FencegateError,
 )
@@ -81,14 +83,30 @@ class SyncFencedJob:
         self._loop.run(self._start())
 
     async def _start(self) -> None:
-        if self._job.heartbeat_interval:
-            self._job._heartbeat = asyncio.create_task(
-                self._job._beat(self._job.heartbeat_interval)
-            )
+        self._job.start_heartbeats()
 
     @property
     def superseded(self) -> FencegateError | None:
         return self._job.superseded
+
+    @property
+    def job_id(self) -> str:
+        return self._job.job_id
+
+    @property
+    def token(self) -> str:
+        return self._job.token
+
+    @property
+    def worker_id(self) -> str | None:
+        return self._job.worker_id
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[FencedStep]:
+        """Inside the block, a proxied call made through one of the SDK's transports
+        (:mod:`gateway.client.proxying`) is step ``name`` of this job."""
+        with fenced_step(self, name) as current:
+            yield current
 
     def check(self) -> None:
         if self._job.superseded is not None:
