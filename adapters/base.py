@@ -30,14 +30,15 @@ send is fixed by configuration.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from gateway.core.names import tenant_list
 
 __all__ = [
     "Adapter",
@@ -53,9 +54,6 @@ __all__ = [
     "Unknown",
     "describe",
 ]
-
-
-_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class InvalidPayload(ValueError):
@@ -89,17 +87,7 @@ class AdapterConfig(BaseModel):
     @field_validator("tenants", mode="before")
     @classmethod
     def _tenants(cls, v: Any) -> Any:
-        if v == "*":
-            return ("*",)
-        if isinstance(v, (list, tuple)):
-            if not v:
-                raise ValueError('name at least one tenant, or "*" for every tenant')
-            for t in v:
-                if not isinstance(t, str) or not (t == "*" or _TENANT.fullmatch(t)):
-                    raise ValueError(f'{t!r} is not a tenant name (or "*")')
-            if "*" in v and len(v) > 1:
-                raise ValueError('"*" (every tenant) cannot be combined with tenant names')
-        return v
+        return tenant_list(v)
 
     @property
     def tenant_keyed(self) -> bool:
@@ -189,9 +177,3 @@ class Adapter(Protocol):
 
     async def aclose(self) -> None:
         """Release what the adapter holds (the shared HTTP session is not its own)."""
-
-
-class AdapterFactory(Protocol):
-    Config: ClassVar[type[AdapterConfig]]
-
-    def __call__(self, name: str, config: Any, ctx: AdapterContext) -> Adapter: ...

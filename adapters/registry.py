@@ -8,7 +8,9 @@ install). Adding a built-in adapter is one module plus one line in
 
 from __future__ import annotations
 
+import functools
 import importlib
+import sys
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
@@ -33,6 +35,14 @@ class AdapterConfigError(Exception):
 
 
 def _targets() -> dict[str, str]:
+    """Built-in and installed adapter types; scanning the installed distributions costs ~50 ms,
+    so it is done once per import path (a plugin put on ``sys.path`` later is still found)."""
+    return dict(_scan(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _scan(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    del path  # the cache key: entry_points() reads the distributions on sys.path
     targets = dict(BUILTIN)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in targets:
@@ -41,7 +51,7 @@ def _targets() -> dict[str, str]:
                 f"{targets[ep.name]!r}; adapter types must be unique"
             )
         targets[ep.name] = ep.value
-    return targets
+    return tuple(targets.items())
 
 
 def load_type(type_name: str) -> Any:

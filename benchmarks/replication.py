@@ -35,7 +35,7 @@ from gateway.store.store import Store, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.valkey_replicas import ReplicaSet  # noqa: E402  (the test fixture's servers)
+from tests.support.valkey_replicas import ReplicaSet  # noqa: E402  (the test fixture's servers)
 
 HISTORY = ROOT / "benchmarks" / "results" / "replication-history.jsonl"
 

@@ -12,8 +12,17 @@ measures from a load generator in this process:
   G1  accepted effect calls end to end (admit + webhook POST to the upstream + record)
   G2  replays          G3  stale rejections (zombie calls, audited)    G4  heartbeats
   G5  fenced checkpoint writes (PUT …/checkpoints/{name}: one Lua script, no upstream)
+  X1  proxied calls accepted end to end (POST /proxy/bench/hook: route, intent digest, admit,
+      the POST forwarded to the same upstream, the response recorded)   X2  their replays;
+      reported over the adapter path (X1/G1, X2/G2) and over the bare upstream (X1/L2, X2/L2)
   O1  a 1 MiB output upload + the completion promoting it, against L6, the same on a bare
       aiohttp server writing a file (benchmarks/outputs.py)
+  P2  replays, P3 stale rejections and P3f stale rejections with the tenant feed copy, on the
+      peer (benchmarks/peer: nginx + Lua running the gateway's own admit script), after a
+      parity check that both answer the same bytes; skipped, and said so, without nginx
+
+``--only guard`` measures what the regression guard compares (G2, P2, G3, P3, P3f:
+benchmarks/check.py) and nothing else, in three rounds that alternate gateway and peer.
 
 and reports req/s, p50/p99/p99.9, the gateway's CPU seconds per 1,000 calls and
 peak RSS, the ratios G*/L2, and at one connection the gateway's latency minus a
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -43,8 +53,11 @@ from typing import Any, TypeVar
 
 from benchmarks.loadgen import LeanClient
 from benchmarks.outputs import output_rows
+from benchmarks.peer import parity
+from benchmarks.peer.plan import Peer, missing, plan_for
+from gateway.runtime.settings import load_settings
 from gateway.store.embedded import EmbeddedRedis, free_port
-from gateway.store.keys import JobKeys
+from gateway.store.keys import JobKeys, audit_feed
 from gateway.store.store import Store, connect
 
 T = TypeVar("T")
@@ -132,6 +145,17 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / ticks
 
 
+def cpu_ns(pids: list[int]) -> int:
+    """CPU time of every thread of ``pids`` in ns (/proc/<pid>/task/*/schedstat): precise
+    where utime/stime count 10 ms ticks (a 2,000-call row of a 50 µs server is 10 ticks)."""
+    total = 0
+    for pid in pids:
+        for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(FileNotFoundError, IndexError, ValueError):
+                total += int(stat.read_text().split()[0])
+    return total
+
+
 def peak_rss_mb(pids: list[int]) -> float:
     peak = 0
     for pid in pids:
@@ -163,12 +187,12 @@ def wait_http(url: str, timeout: float = 30) -> None:
 class Stack:
     """redis-server, the upstream and ``fencegate serve --workers N``, pinned to server cores."""
 
-    def __init__(self, workdir: Path, workers: int) -> None:
+    def __init__(self, workdir: Path, workers: int, *, ceilings: bool = True) -> None:
         self.workdir = workdir
         self.redis = EmbeddedRedis(workdir / f"redis-{workers}", use_socket=False)
         self.redis.start()
         self.up_port, self.gw_port = free_port(), free_port()
-        cfg = workdir / f"bench-{workers}.toml"
+        cfg = self.config = workdir / f"bench-{workers}.toml"
         cfg.write_text(
             f"""
 [redis]
@@ -183,6 +207,11 @@ idle_timeout_seconds = 600
 [adapters.hook]
 type = "webhook"
 url = "http://127.0.0.1:{self.up_port}/hook"
+[upstreams.bench]
+# rows X1 and X2: the same upstream as G1 and L2, reached through the reverse proxy
+base_url = "http://127.0.0.1:{self.up_port}"
+routes = ["POST /hook"]
+allow_private = true
 """
         )
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -197,7 +226,7 @@ url = "http://127.0.0.1:{self.up_port}/hook"
         )  # fmt: skip
         # the ceiling servers (benchmarks/ceiling.py): rows L3, L4 and L5
         self.ceiling: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
-        for mode in ("echo", "replay", "raw"):
+        for mode in ("echo", "replay", "raw") if ceilings else ():
             port = free_port()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.ceiling", self.redis.url, str(port), mode],
@@ -206,6 +235,7 @@ url = "http://127.0.0.1:{self.up_port}/hook"
             self.ceiling[mode] = (port, proc)
         for _, proc in self.ceiling.values():
             assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        self.peer: Peer | None = None  # started by start_peer, once the gateway answers
         wait_http(f"http://127.0.0.1:{self.gw_port}/readyz")
         self.gateway_pids = [self.gateway.pid, *(children(self.gateway.pid) if workers > 1 else [])]
         self.place("floors")
@@ -220,13 +250,26 @@ url = "http://127.0.0.1:{self.up_port}/hook"
         "load core busy" shows whether that core became the limit).
         """
         helpers = [self.upstream.pid, self.redis.process.pid if self.redis.process else 0]
-        for pid in [*self.gateway_pids, *(p.pid for _, p in self.ceiling.values())]:
+        peer = [self.peer.process.pid] if self.peer else []
+        for pid in [*self.gateway_pids, *(p.pid for _, p in self.ceiling.values()), *peer]:
             pin(pid, SERVER_CORES)
         for pid in helpers:
             if pid:
                 pin(pid, SERVER_CORES if phase == "floors" or SHARED else LOAD_CORE)
 
+    async def start_peer(self) -> str | None:
+        """Start the peer (benchmarks/peer) on this stack's Redis; why not, if it cannot run."""
+        why = missing() or (None if os.environ.get("BENCH_PEER", "1") != "0" else "BENCH_PEER=0")
+        if why:
+            return why
+        retention = load_settings(self.config).fencing.retention_seconds
+        plan = await plan_for(self.redis.url, self.gw_port, retention)
+        self.peer = Peer(self.workdir, plan, free_port(), free_port())
+        return None
+
     def stop(self) -> None:
+        if self.peer:
+            self.peer.stop()
         procs = [self.gateway, self.upstream, *(p for _, p in self.ceiling.values())]
         for p in procs:
             p.terminate()
@@ -253,6 +296,7 @@ async def measure(
             latencies.append(time.perf_counter() - t0)
 
     cpu0 = cpu_seconds(pids or [])
+    ns0 = cpu_ns(pids or [])
     cores0 = core_ticks()
     own0 = time.process_time()
     started = time.perf_counter()
@@ -275,13 +319,20 @@ async def measure(
     }
     if pids:
         row["server_cpu_s_per_1000"] = round((cpu_seconds(pids) - cpu0) / n * 1000, 3)
+        row["server_cpu_us_per_call"] = round((cpu_ns(pids) - ns0) / n / 1000, 1)
         row["server_peak_rss_mb"] = peak_rss_mb(pids)
     return row
 
 
 async def run_stack(
-    stack: Stack, n: int, concurrency: int, only_g1: bool = False
+    stack: Stack,
+    n: int,
+    concurrency: int,
+    only: str = "all",
+    peer_info: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
+    """The rows of one stack: ``only`` "all", "g1" (a second --workers count) or "guard" (G2,
+    P2, G3, P3, P3f). ``peer_info`` gets the peer's parity checks, or why it was skipped."""
     rows: list[dict[str, Any]] = []
     pids = stack.gateway_pids
     run_id = secrets.token_hex(3)
@@ -293,12 +344,13 @@ async def run_stack(
     }
     gw = LeanClient("127.0.0.1", stack.gw_port)
     build = LeanClient.build
+    info = peer_info if peer_info is not None else {}
 
     def calls(
-        raws: list[bytes], expect: int
+        raws: list[bytes], expect: int, client: LeanClient = gw
     ) -> Callable[[int], Awaitable[None]]:  # requests built before the clock starts
         async def call(i: int) -> None:
-            status, answer = await gw.send(raws[i])
+            status, answer = await client.send(raws[i])
             assert status == expect, (status, answer[:200])
 
         return call
@@ -307,56 +359,128 @@ async def run_stack(
         raws = [build("POST", f"/v1/jobs/{j}/generations", {"generation": gen}) for j in jobs]
         return calls(raws, 201)
 
-    def effect(token: str, expect: int, step: str = "notify") -> Callable[[int], Awaitable[None]]:
+    def effect_raws(token: str, step: str = "notify") -> list[bytes]:
         headers = {"Fencing-Token": token}
-        raws = [build("POST", f"/v1/jobs/{j}/effects/{step}", body, headers) for j in jobs]
-        return calls(raws, expect)
+        return [build("POST", f"/v1/jobs/{j}/effects/{step}", body, headers) for j in jobs]
+
+    def effect(token: str, expect: int, step: str = "notify") -> Callable[[int], Awaitable[None]]:
+        return calls(effect_raws(token, step), expect)
+
+    def proxied(token: str, step: str) -> Callable[[int], Awaitable[None]]:
+        """The G1 call's payload POSTed through the proxy as step ``step`` of each job."""
+        raws = [
+            build("POST", "/proxy/bench/hook", body["payload"],
+                  {"Fencing-Token": token, "Fencegate-Job": j, "Fencegate-Step": step})
+            for j in jobs
+        ]  # fmt: skip
+        return calls(raws, 200)
+
+    async def peer_rows(
+        token: str, expect: int, rows_of: tuple[tuple[str, str], ...], first: bool = True
+    ) -> None:
+        """Parity first (the same calls to the gateway and the peer), then each peer row; a
+        later round (``first`` False) only measures."""
+        peer = stack.peer
+        if peer is None:
+            return
+        raws = effect_raws(token)
+        same = [
+            ("POST", f"/v1/jobs/{j}/effects/notify",
+             {"Content-Type": "application/json", "Fencing-Token": token},
+             json.dumps(body).encode())
+            for j in jobs[: min(n, 100)]
+        ]  # fmt: skip
+        gateway_url = f"http://127.0.0.1:{stack.gw_port}"
+        for name, port_of in rows_of:
+            port = peer.port if port_of == "port" else peer.feed_port
+            if first:
+                check = await parity.compare(gateway_url, f"http://127.0.0.1:{port}", same, name)
+                info.setdefault("parity", []).append(check)
+            lean = LeanClient("127.0.0.1", port)
+            try:  # the warm-up opens its Redis connections
+                await measure("warm-up", n // 5 if first else 64, concurrency,
+                              calls(raws, expect, lean))  # fmt: skip
+                rows.append(await measure(name, n, concurrency, calls(raws, expect, lean),
+                                          [peer.process.pid]))  # fmt: skip
+            finally:
+                lean.close()
 
     heartbeat = calls(
         [build("POST", f"/v1/jobs/{j}/fence", None, {"Fencing-Token": "1"}) for j in jobs], 200
     )
     try:
+        if only != "g1":
+            why = await stack.start_peer()
+            info["skipped"] = why
+            if why:
+                print(f"the peer rows (P2, P3, P3f) are skipped: {why}", file=sys.stderr)
         await measure("register", n, concurrency, register(1))
         # warm-up, not measured: the gateway opens its upstream and Redis connections
         # (64 at once on the first wave) and the allocator settles
         await measure("warm-up", n // 5, concurrency, effect("1", 200, "warm-up"))
-        if not only_g1:
+        if only == "all":
             stack.place("floors")
             rows += await floors(stack, n, concurrency)
         stack.place("gateway")
-        rows.append(await measure("G1 effect, accepted", n, concurrency, effect("1", 200), pids))
-        if only_g1:
-            return rows
-        rows.append(await measure("G2 effect, replayed", n, concurrency, effect("1", 200), pids))
-        # the same replays, same pinning, stripped (benchmarks/ceiling.py): on aiohttp's
-        # low-level server (L4), and on a bare asyncio protocol (L5)
-        raws = [build("POST", f"/v1/jobs/{j}/effects/notify", body, {"Fencing-Token": "1"})
-                for j in jobs]  # fmt: skip
-        for mode, name in (("replay", "L4 minimal replay, low-level server"),
-                           ("raw", "L5 minimal replay, raw asyncio protocol")):  # fmt: skip
-            port, proc = stack.ceiling[mode]
-            lean = LeanClient("127.0.0.1", port)
-
-            async def stripped(i: int, lean: LeanClient = lean) -> None:
-                status, answer = await lean.send(raws[i])
-                assert status == 200, (status, answer[:200])
-
-            try:
-                await measure("warm-up", n // 5, concurrency, stripped)  # its Redis connections
-                rows.append(await measure(name, n, concurrency, stripped, [proc.pid]))
-            finally:
-                lean.close()
-        rows.append(await measure("G4 heartbeat", n, concurrency, heartbeat, pids))
-        checkpoints = [
-            build("PUT", f"/v1/jobs/{j}/checkpoints/progress", {"page": i, "of": n},
-                  {"Fencing-Token": "1"})
-            for i, j in enumerate(jobs)
-        ]  # fmt: skip
-        rows.append(
-            await measure("G5 checkpoint write", n, concurrency, calls(checkpoints, 200), pids)
-        )
+        accepted = await measure("G1 effect, accepted", n, concurrency, effect("1", 200), pids)
+        if only == "g1":
+            return [accepted]
+        if only == "all":
+            rows.append(accepted)
+        # the guard's rounds alternate the gateway and the peer: a load swing on a shared
+        # machine then falls on both sides of a round's ratio
+        rounds = GUARD_ROUNDS if only == "guard" else 1
+        for r in range(rounds):
+            rows.append(
+                await measure("G2 effect, replayed", n, concurrency, effect("1", 200), pids)
+            )
+            await peer_rows("1", 200, (("P2 peer replay", "port"),), first=r == 0)
+        if only == "all":
+            # the proxy's own upstream pool opens its connections: not measured
+            await measure("warm-up", n // 5, concurrency, proxied("1", "proxied-warm-up"))
+            rows.append(
+                await measure("X1 proxied call, accepted", n, concurrency, proxied("1", "proxied"),
+                              pids)
+            )  # fmt: skip
+            rows.append(
+                await measure("X2 proxied call, replayed", n, concurrency, proxied("1", "proxied"),
+                              pids)
+            )  # fmt: skip
+            # the same replays, same pinning, stripped (benchmarks/ceiling.py): on aiohttp's
+            # low-level server (L4), and on a bare asyncio protocol (L5)
+            raws = effect_raws("1")
+            for mode, name in (("replay", "L4 minimal replay, low-level server"),
+                               ("raw", "L5 minimal replay, raw asyncio protocol")):  # fmt: skip
+                port, proc = stack.ceiling[mode]
+                lean = LeanClient("127.0.0.1", port)
+                try:  # the warm-up opens its Redis connections
+                    await measure("warm-up", n // 5, concurrency, calls(raws, 200, lean))
+                    rows.append(
+                        await measure(name, n, concurrency, calls(raws, 200, lean), [proc.pid])
+                    )
+                finally:
+                    lean.close()
+            rows.append(await measure("G4 heartbeat", n, concurrency, heartbeat, pids))
+            checkpoints = [
+                build("PUT", f"/v1/jobs/{j}/checkpoints/progress", {"page": i, "of": n},
+                      {"Fencing-Token": "1"})
+                for i, j in enumerate(jobs)
+            ]  # fmt: skip
+            rows.append(
+                await measure("G5 checkpoint write", n, concurrency, calls(checkpoints, 200), pids)
+            )
         await measure("register g2", n, concurrency, register(2))
-        rows.append(await measure("G3 effect, stale 409", n, concurrency, effect("1", 409), pids))
+        for r in range(rounds):
+            rows.append(
+                await measure("G3 effect, stale 409", n, concurrency, effect("1", 409), pids)
+            )
+            await peer_rows(
+                "1", 409,
+                (("P3 peer stale 409", "port"), ("P3f peer stale 409 + feed copy", "feed")),
+                first=r == 0,
+            )  # fmt: skip
+        if only == "guard":
+            return rows
         # one connection: the gateway's own latency over a direct upstream call
         await measure("register g3", n, concurrency, register(3))
         one = min(n, 2000)
@@ -380,12 +504,12 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     await store.initialize(auto=False, confirm_data_loss=False)
     keys = JobKeys("default", f"floor-{secrets.token_hex(3)}")
     await store.register(keys, 1, None)
-    admit_sha, record_sha = store._shas["admit-6"], store._shas["record-3"]
-    checkpoint_sha = store._shas["checkpoint-3"]
+    admit_sha, record_sha = store.link._shas["admit-6"], store.link._shas["record-3"]
+    checkpoint_sha = store.link._shas["checkpoint-3"]
 
     def trailer(rid: str) -> tuple[list[str], list[str]]:
         """The prelude's trailer every script call carries (see gateway/store/lua/_prelude.lua)."""
-        return [keys.req(rid), keys.marker], [rid, "60000", "0", ""]
+        return [keys.req(rid), keys.marker], [rid, "60000", "0", "", audit_feed(keys.tenant)]
 
     async def admit_raw(i: int, prefix: str = "s") -> None:  # a new step each: a real write
         tk, ta = trailer(f"a{prefix}{i}")
@@ -456,50 +580,37 @@ def markdown(record: dict[str, Any]) -> str:
         f"{record['requests']} requests at {record['concurrency']} connections, "
         f"{record['pinning']}",
         "",
-        "| measurement | req/s | p50 ms | p99 ms | p99.9 ms | server CPU s / 1000 | peak RSS MB "
-        "| load generator busy | server core busy | load core busy | x L2 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| measurement | req/s | p50 ms | p99 ms | p99.9 ms | server CPU s / 1000 "
+        "| server CPU µs / call | peak RSS MB | load generator busy | server core busy "
+        "| load core busy | x L2 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['name']} | {r['rps']:,.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | "
-            f"{r.get('server_cpu_s_per_1000', '')} | {r.get('server_peak_rss_mb', '')} | "
+            f"{r.get('server_cpu_s_per_1000', '')} | {r.get('server_cpu_us_per_call', '')} | "
+            f"{r.get('server_peak_rss_mb', '')} | "
             f"{r.get('loadgen_busy', '')} | {r.get('server_core_busy', '')} | "
             f"{r.get('load_core_busy', '')} | {r.get('ratio_to_l2', '')} |"
         )
     lines += ["", *(f"- {k}: {v}" for k, v in record["derived"].items())]
+    peer = record.get("peer", {})
+    if peer.get("skipped"):
+        lines.append(f"- the peer (P2, P3, P3f): skipped: {peer['skipped']}")
+    for check in peer.get("parity", []):
+        lines.append(
+            f"- parity, {check['what']}: {check['identical']} of {check['calls']} answers "
+            f"identical to the gateway's (status {check['statuses']}; "
+            f"{check['compared']}, except {', '.join(check['excluded_headers'])})"
+        )
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--requests", type=int, default=5000)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--workers", default="1,2", help="G1 is also measured at each of these")
-    args = parser.parse_args()
-    pin(0, LOAD_CORE)
-    worker_counts = [int(w) for w in args.workers.split(",")]
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="fencegate-bench-") as tmp:
-        for workers in worker_counts:
-            stack = Stack(Path(tmp), workers)
-            try:
-                got = run_loop(
-                    run_stack(stack, args.requests, args.concurrency, only_g1=bool(rows))
-                )
-            finally:
-                stack.stop()
-            for r in got:
-                r["gateway_workers"] = workers
-                if workers > 1:
-                    r["name"] += f" (--workers {workers})"
-            rows += got
-    by = {r["name"]: r for r in rows}
+def all_derived(by: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ratios of a full run (rows L1 to L6 and G1 to G5)."""
     l2 = by["L2 bare aiohttp JSON server"]["rps"]
-    for r in rows:
-        if r["name"].startswith(("G", "L3", "L4", "L5")):
+    for r in by.values():
+        if r["name"].startswith(("G", "L3", "L4", "L5", "P", "X")):
             r["ratio_to_l2"] = round(r["rps"] / l2, 3)
     g1_one, l2_one = by["G1 at 1 connection"], by["L2 at 1 connection"]
     l1_one = by["L1 admit at 1 connection"]
@@ -520,6 +631,13 @@ def main() -> None:
             f"{by['L5 minimal replay, raw asyncio protocol']['ratio_to_l2']}"
         ),
         "G1 p99/p50 at saturation": round(g1["p99_ms"] / g1["p50_ms"], 2),
+        # the reverse proxy over the adapter path and over the bare upstream, same run
+        "X1/G1, X2/G2 (proxied over the adapter path), X1/L2, X2/L2": (
+            f"{by['X1 proxied call, accepted']['rps'] / g1['rps']:.3f}, "
+            f"{by['X2 proxied call, replayed']['rps'] / by['G2 effect, replayed']['rps']:.3f}, "
+            f"{by['X1 proxied call, accepted']['ratio_to_l2']}, "
+            f"{by['X2 proxied call, replayed']['ratio_to_l2']}"
+        ),
         "G5/L1 (a fenced checkpoint end to end over its raw EVALSHA), G5/L2": (
             f"{by['G5 checkpoint write']['rps'] / by['L1 raw EVALSHA checkpoint']['rps']:.3f}, "
             f"{by['G5 checkpoint write']['ratio_to_l2']}"
@@ -537,6 +655,76 @@ def main() -> None:
             f"{g1_one['p99_ms'] - l2_one['p99_ms'] - 2 * l1_one['p99_ms']:.3f}"
         ),
     }  # fmt: skip
+    return derived
+
+
+GUARD_ROWS = {"G2": "G2 effect, replayed", "P2": "P2 peer replay", "G3": "G3 effect, stale 409",
+              "P3": "P3 peer stale 409", "P3f": "P3f peer stale 409 + feed copy"}  # fmt: skip
+
+
+GUARD_ROUNDS = 3
+
+
+def guard_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """What the regression guard compares (benchmarks/check.py): the gateway's server CPU per
+    call over the peer's, and the peer's req/s over the gateway's, in the same round; the
+    median over the rounds. Empty without the peer."""
+    of = {k: [r for r in rows if r["name"] == name] for k, name in GUARD_ROWS.items()}
+    if not all(of.values()):
+        return {}
+    out = {}
+    for g, p in (("G2", "P2"), ("G3", "P3"), ("G3", "P3f")):
+        pairs = list(zip(of[g], of[p], strict=True))
+        cpu = [a["server_cpu_us_per_call"] / b["server_cpu_us_per_call"] for a, b in pairs]
+        out[f"cpu {g}/{p}"] = round(statistics.median(cpu), 3)
+        out[f"req/s {p}/{g}"] = round(statistics.median(b["rps"] / a["rps"] for a, b in pairs), 3)
+    for k in ("G2", "G3", "P2", "P3f"):
+        cpu_us = statistics.median(r["server_cpu_us_per_call"] for r in of[k])
+        out[f"cpu µs per call {k}"] = round(cpu_us, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--workers", default="1,2", help="G1 is also measured at each of these")
+    parser.add_argument("--only", choices=("all", "guard"), default="all",
+                        help="guard: only the rows benchmarks/check.py compares")  # fmt: skip
+    args = parser.parse_args()
+    pin(0, LOAD_CORE)
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    if args.only == "guard":
+        worker_counts = worker_counts[:1]
+    rows: list[dict[str, Any]] = []
+    peer: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="fencegate-bench-") as tmp:
+        for workers in worker_counts:
+            stack = Stack(Path(tmp), workers, ceilings=args.only == "all")
+            only = "g1" if rows else args.only
+            try:
+                got = run_loop(run_stack(stack, args.requests, args.concurrency, only, peer))
+            finally:
+                stack.stop()
+            for r in got:
+                r["gateway_workers"] = workers
+                if workers > 1:
+                    r["name"] += f" (--workers {workers})"
+            rows += got
+    by = {r["name"]: r for r in rows}
+    guard = guard_figures(rows)
+    derived: dict[str, Any] = {}
+    if guard:
+        derived["server CPU per call G2/P2, G3/P3, G3/P3f (the gateway over the peer)"] = ", ".join(
+            str(guard[f"cpu {k}"]) for k in ("G2/P2", "G3/P3", "G3/P3f")
+        )
+        derived["req/s P2/G2, P3/G3, P3f/G3"] = ", ".join(
+            str(guard[f"req/s {k}"]) for k in ("P2/G2", "P3/G3", "P3f/G3")
+        )
+    if args.only == "all":
+        derived.update(all_derived(by))
     record = {
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": CORES, "python": platform.python_version(),
@@ -548,8 +736,11 @@ def main() -> None:
         ) if PIN else "not pinned (needs Linux and >= 2 cores)",
         "requests": args.requests,
         "concurrency": args.concurrency,
+        "only": args.only,
         "results": rows,
         "derived": derived,
+        "guard": guard,
+        "peer": peer,
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     previous = None
@@ -568,6 +759,10 @@ def main() -> None:
         for r in rows:
             if r["name"] in prev and prev[r["name"]]:
                 print(f"  {r['name']:<40} {r['rps'] / prev[r['name']] - 1:+.1%}")
+    unequal = [c for c in peer.get("parity", []) if c["identical"] != c["calls"]]
+    if unequal:  # the peer no longer answers what the gateway answers: its rows mean nothing
+        print(f"\nPARITY FAILED: {json.dumps(unequal, indent=1)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

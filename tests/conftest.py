@@ -20,15 +20,22 @@ import pytest
 import redis
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiosmtpd.controller import Controller
 
 from gateway.http.app import create_app
 from gateway.runtime.settings import Settings, load_settings
 from gateway.store.embedded import EmbeddedRedis, free_port
-from tests.valkey_cluster import (  # noqa: F401 (fixtures)
+from tests.support.peers import JiraPeer, Sink, StripePeer, serving
+from tests.support.processes import DurableRedis, Serve
+from tests.support.valkey_cluster import (  # noqa: F401 (fixtures)
     cluster_url,
     initialised_cluster_url,
     valkey_cluster,
 )
+from tests.support.wire import WireProxy
+
+# the outputs' object stores (file, and S3 through moto) and a Redis of a test's own
+pytest_plugins = ["tests.support.outputs"]
 
 
 def _snapshot(state: Path) -> tuple[int, bytes] | None:
@@ -100,6 +107,13 @@ class Upstream:
     # ends "hang" and "drop" handlers at teardown: aiohttp's server shutdown would
     # otherwise wait up to its 60 s grace for a handler still in progress
     released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def hold(self) -> asyncio.Event:
+        """Hold every answer until the returned event is set; ``arrived`` then waits for a
+        request that comes after this call, not for one that came before."""
+        self.gate = asyncio.Event()
+        self.arrived.clear()
+        return self.gate
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -193,7 +207,8 @@ def gateway_settings(
     redis_url: str, upstream_url: str, tmp_path: Path, **sections: Any
 ) -> Settings:
     adapters = {
-        "hook": {"type": "webhook", "url": upstream_url, "timeout_seconds": 2},
+        # 4 s: a loopback answer later than that is a load spike on the CI machine, not a test
+        "hook": {"type": "webhook", "url": upstream_url, "timeout_seconds": 4},
         # nothing listens there: connection refused, known not delivered
         "dead": {
             "type": "webhook",
@@ -254,3 +269,60 @@ async def make_gateway(redis_url: str, upstream: Upstream, tmp_path: Path) -> As
 async def gw(make_gateway: Any) -> Gateway:
     g: Gateway = await make_gateway()
     return g
+
+
+@pytest.fixture
+async def wire(redis_server: EmbeddedRedis, redis_url: str) -> AsyncIterator[WireProxy]:
+    """A TCP fault proxy between a gateway and the session's (flushed) Redis: give the gateway
+    ``redis={"url": wire.url}`` and arm faults on it (:mod:`tests.support.wire`)."""
+    proxy = await WireProxy(redis_server.port).start()
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def sink() -> Iterator[Sink]:
+    s = Sink(port=free_port())
+    controller = Controller(s, hostname="127.0.0.1", port=s.port)
+    controller.start()
+    yield s
+    controller.stop()
+
+
+@pytest.fixture
+async def stripe() -> AsyncIterator[StripePeer]:
+    async with serving(StripePeer()) as peer:
+        yield peer
+
+
+@pytest.fixture
+async def jira() -> AsyncIterator[JiraPeer]:
+    async with serving(JiraPeer()) as peer:
+        yield peer
+
+
+@pytest.fixture
+def serves() -> Iterator[list[Serve]]:
+    """``fencegate serve`` processes a test starts (append them): killed at its end."""
+    started: list[Serve] = []
+    yield started
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+        s.log.close()
+
+
+@pytest.fixture
+def durable(tmp_path: Path) -> Iterator[DurableRedis]:
+    """A durable redis-server of the test's own (:class:`tests.support.processes.DurableRedis`)."""
+    d = DurableRedis(tmp_path / "redis")
+    yield d
+    d.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules marked ``slow`` run first: with ``--dist loadfile`` a long module handed to
+    a worker last would keep the run going while the other worker waits (stable otherwise)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)

@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from adapters.registry import validate_configs
-from gateway.cli.common import EXIT_OK, EXIT_REFUSED, _cli_redis_url, _init, _settings
+from gateway.cli.common import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_REFUSED,
+    cli_redis_url,
+    cli_settings,
+    init_durability,
+)
 from gateway.fencing.tenancy import resolve_tenancy
+from gateway.proxy.config import load_upstreams
 from gateway.runtime.logging import configure_logging
 from gateway.runtime.settings import load_settings
 
@@ -23,13 +31,13 @@ if TYPE_CHECKING:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = cli_settings(args)
     configure_logging()
     data_dir = Path(settings.redis.data_dir)
-    url, embedded = _cli_redis_url(settings)
+    url, embedded = cli_redis_url(settings)
     try:
         result = asyncio.run(
-            _init(
+            init_durability(
                 url,
                 data_dir / "fencegate.state",
                 auto=False,
@@ -57,10 +65,12 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.file)
     validate_configs(settings.adapters)
-    resolve_tenancy(settings)  # adapters' tenants and keys: refused here as at start
+    tenancy = resolve_tenancy(settings)  # adapters' tenants and keys: refused here as at start
+    # [upstreams.*] as at start, but the credentials' variables need not be set here
+    upstreams = load_upstreams(settings.upstreams, tenancy.tenants, lambda env, what: "-")
     print(
-        f"{args.file}: ok ({len(settings.adapters)} adapters, {len(settings.auth.keys)} keys, "
-        f"registration={settings.fencing.registration})"
+        f"{args.file}: ok ({len(settings.adapters)} adapters, {len(upstreams)} upstreams, "
+        f"{len(settings.auth.keys)} keys, registration={settings.fencing.registration})"
     )
     return EXIT_OK
 
@@ -78,9 +88,17 @@ def cmd_example_config(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:
+    if args.claims and args.role != "worker":
+        print(
+            "fencegate: --claims is for worker keys (a scheduler registers already)",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     key = secrets.token_urlsafe(32)
     digest = hashlib.sha256(key.encode()).hexdigest()
     print(f"key (give it to the {args.role}; it is not stored anywhere):\n  {key}\n")
     print("config (add to the [auth] part of fencegate.toml):")
     print(f'[[auth.keys]]\nrole = "{args.role}"\nsha256 = "{digest}"\ntenant = "{args.tenant}"')
+    if args.claims:
+        print("claims = true")
     return EXIT_OK

@@ -25,9 +25,13 @@ def check_cluster_durability(url: str, allow_volatile: bool) -> bool:
     problems: list[str] = []
     for host, port, role in node_addresses(url):
         client = redis.Redis(
-            host=host, port=port, socket_timeout=5, socket_connect_timeout=5,
-            decode_responses=True, **creds,
-        )  # fmt: skip
+            host=host,
+            port=port,
+            socket_timeout=5,
+            socket_connect_timeout=5,
+            decode_responses=True,
+            **creds,
+        )
         try:
             config: dict[Any, Any] = {}
             for name in _WANTED:

@@ -24,7 +24,7 @@ EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_REFUSED = 0, 1, 2, 3
 log = structlog.get_logger("fencegate")
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def cli_settings(args: argparse.Namespace) -> Settings:
     return load_settings(
         args.config,
         server={"host": getattr(args, "host", None), "port": getattr(args, "port", None)},
@@ -36,7 +36,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def _cli_store(
+async def cli_store(
     url: str, state_file: Path | None = None, *, cluster: bool = False
 ) -> AsyncIterator[Store]:
     """A short-lived store for CLI commands (init, audit verify, the workers' supervisor)."""
@@ -44,9 +44,12 @@ async def _cli_store(
 
     client = connect(url, timeout=10, max_connections=2, cluster=cluster)
     store = Store(
-        client, registration="required", dispatch_timeout_ms=1, retention_seconds=60,
+        client,
+        registration="required",
+        dispatch_timeout_ms=1,
+        retention_seconds=60,
         state_file=state_file,
-    )  # fmt: skip
+    )
     try:
         yield store
     finally:
@@ -54,7 +57,7 @@ async def _cli_store(
         await client.aclose()
 
 
-async def _init(
+async def init_durability(
     url: str,
     state_file: Path,
     *,
@@ -63,11 +66,11 @@ async def _init(
     write: bool = True,
     cluster: bool = False,
 ) -> str:
-    async with _cli_store(url, state_file, cluster=cluster) as store:
+    async with cli_store(url, state_file, cluster=cluster) as store:
         return await store.initialize(auto=auto, confirm_data_loss=confirm, write=write)
 
 
-def _cli_redis_url(settings: Settings) -> tuple[str, EmbeddedRedis | None]:
+def cli_redis_url(settings: Settings) -> tuple[str, EmbeddedRedis | None]:
     """The Redis a CLI command should use: the configured one, a running gateway's
     embedded one (its socket), or a freshly started embedded one."""
     if settings.redis.url:
@@ -85,11 +88,11 @@ def _cli_redis_url(settings: Settings) -> tuple[str, EmbeddedRedis | None]:
     return embedded.start(), embedded
 
 
-def _client_args(args: argparse.Namespace) -> dict[str, Any]:
+def client_args(args: argparse.Namespace) -> dict[str, Any]:
     return {"api_key": args.api_key or os.environ.get("FENCEGATE_API_KEY") or None}
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
+def render_table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
     lines = [
         "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()

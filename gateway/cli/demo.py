@@ -32,9 +32,8 @@ from aiohttp import web
 from gateway.cli.demo_report import OutputStory, report
 from gateway.cli.demo_worker import JOB, LEASE_MS, OUTPUT, SCHEMA
 from gateway.cli.demo_worker import run as run_worker
-from gateway.cli.jobview import output_status
+from gateway.cli.job_report import output_status
 from gateway.client import Scheduler
-from gateway.core.errors import FencegateError
 from gateway.store.embedded import free_port
 
 __all__ = ["Sinks", "_report", "main", "run_demo"]
@@ -135,31 +134,47 @@ url = "http://127.0.0.1:{sinks.http_port}/crm"
     )
     url = f"http://127.0.0.1:{gw_port}"
     gateway = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(gw_port),
-        stdout=asyncio.subprocess.DEVNULL, stderr=(workdir / "gateway.log").open("w"),
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--config",
+        str(cfg),
+        "--port",
+        str(gw_port),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=(workdir / "gateway.log").open("w"),
+    )
     events: list[dict[str, Any]] = []
     workers: dict[str, asyncio.subprocess.Process] = {}
     readers: list[asyncio.Task[None]] = []
 
     async def start_worker(name: str) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli.demo", "worker", name, str(db), url,
+            sys.executable,
+            "-m",
+            "gateway.cli.demo",
+            "worker",
+            name,
+            str(db),
+            url,
             stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         workers[name] = proc
         readers.append(asyncio.create_task(_read_events(proc, events, t0)))
         return proc
 
     story = OutputStory()
     try:
-        async with Scheduler(url) as probe:
+        async with aiohttp.ClientSession() as probe:
             for _ in range(300):
                 try:
-                    await probe._call("GET", "/readyz")
-                    break
-                except FencegateError:
-                    await asyncio.sleep(0.05)
+                    async with probe.get(f"{url}/readyz") as ready:
+                        if ready.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
         print("timeline:")
         _log(t0, f"gateway up at {url} (embedded Redis, appendfsync always)")
         a = await start_worker("A")
@@ -205,9 +220,18 @@ async def _sweep(cfg: Path, workdir: Path) -> tuple[str, bool]:
     no grace: the story is seconds long. Returns its output and whether A's object is
     still in the outputs directory afterwards."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "outputs", "sweep", "--config", str(cfg),
-        "--grace", "0", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "gateway",
+        "outputs",
+        "sweep",
+        "--config",
+        str(cfg),
+        "--grace",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     left = await asyncio.to_thread(lambda: any(workdir.rglob(f"g1/{OUTPUT}")))
     return out.decode(), left

@@ -64,8 +64,13 @@ def emit(worker: str, event: str, **fields: Any) -> None:
 
 
 def _refused(worker: str, event: str, err: FencegateError) -> None:
-    emit(worker, event, code=err.code, presented=err.fields.get("presented"),
-         current=err.fields.get("current"))  # fmt: skip
+    emit(
+        worker,
+        event,
+        code=err.code,
+        presented=err.fields.get("presented"),
+        current=err.fields.get("current"),
+    )
 
 
 async def run(worker: str, db: Path, url: str) -> int:
@@ -100,7 +105,7 @@ async def run(worker: str, db: Path, url: str) -> int:
             for step, adapter, op, payload in (
                 ("notify", "email", "send", email),
                 ("crm", "crm", "order.shipped", {"order": 1234}),
-            ):  # fmt: skip
+            ):
                 emit(worker, "effect", step=step, generation=attempt)
                 res = await job.effect(step, adapter=adapter, operation=op, payload=payload)
                 emit(worker, "effect_ok", step=step, replayed=res.replayed, generation=attempt)

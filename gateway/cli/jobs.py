@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 from gateway.cli.common import (
     EXIT_OK,
     EXIT_RUNTIME,
-    _cli_redis_url,
-    _cli_store,
-    _client_args,
-    _settings,
-    _table,
+    cli_redis_url,
+    cli_settings,
+    cli_store,
+    client_args,
+    render_table,
 )
 from gateway.core.records import AuditCheck
 from gateway.runtime.settings import read_secret
@@ -25,11 +25,11 @@ if TYPE_CHECKING:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    from gateway.cli.jobview import job_state_lines
+    from gateway.cli.job_report import job_state_lines
     from gateway.client import Scheduler
 
     async def run() -> dict[str, Any]:
-        async with Scheduler(args.url, **_client_args(args)) as sched:
+        async with Scheduler(args.url, **client_args(args)) as sched:
             return await sched.job(args.job_id)
 
     job = asyncio.run(run())
@@ -51,9 +51,11 @@ def cmd_job(args: argparse.Namespace) -> int:
     ]
     if rows:
         print(
-            _table(rows, ["step", "state", "gen", "adapter", "operation", "attempts", "updated_at"])
+            render_table(
+                rows, ["step", "state", "gen", "adapter", "operation", "attempts", "updated_at"]
+            )
         )
-    for line in job_state_lines(job, _table):  # completion, checkpoints, outputs
+    for line in job_state_lines(job, render_table):  # completion, checkpoints, outputs
         print(line)
     return EXIT_OK
 
@@ -62,13 +64,13 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     from gateway.store.anchor_check import AnchorCheck
     from gateway.store.anchors import anchor_path, audit_keys
 
-    settings = _settings(args)
+    settings = cli_settings(args)
     keys = audit_keys(settings, read_secret)
     files = [Path(p) for p in args.anchors] if args.anchors else [anchor_path(settings)]
-    url, embedded = _cli_redis_url(settings)
+    url, embedded = cli_redis_url(settings)
 
     async def run() -> AuditCheck:
-        async with _cli_store(url, cluster=settings.redis.cluster) as store:
+        async with cli_store(url, cluster=settings.redis.cluster) as store:
             return await store.verify_audit(
                 keys=keys,
                 anchor_files=files,
@@ -125,10 +127,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         ]
 
     async def run() -> None:
-        async with Scheduler(args.url, **_client_args(args)) as sched:
+        async with Scheduler(args.url, **client_args(args)) as sched:
             page = await sched.audit(job_id=args.job, limit=args.limit)
             items = page["items"]
-            print(_table([row(e) for e in reversed(items)], header))
+            print(render_table([row(e) for e in reversed(items)], header))
             newest = items[0]["id"] if items else None
             while args.follow:
                 await asyncio.sleep(args.interval)

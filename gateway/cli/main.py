@@ -103,9 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     new = keys.add_parser("new", help="print a fresh key and its config lines")
     new.add_argument("--role", required=True, choices=["worker", "scheduler", "auditor", "admin"])
     new.add_argument("--tenant", default="default", type=_tenant)
+    new.add_argument(
+        "--claims",
+        action="store_true",
+        help="a worker key that may register its jobs' generations (claims = true)",
+    )
     new.set_defaults(func=cmd_keys_new)
 
-    outputs_cli.add_parser(sub)
+    outputs_cli.add_parser(sub.add_parser("outputs", help="attempt-scoped job outputs"))
 
     demo = sub.add_parser("demo", help="run the zombie-worker timeline end to end, locally")
     demo.set_defaults(func=cmd_demo)

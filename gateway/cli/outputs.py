@@ -19,10 +19,9 @@ from gateway.runtime.settings import read_secret
 __all__ = ["add_parser", "cmd_outputs"]
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    outputs = sub.add_parser("outputs", help="attempt-scoped job outputs").add_subparsers(
-        dest="outputs_command", required=True
-    )
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    """The ``outputs`` command's subcommands, on its parser (``fencegate outputs``)."""
+    outputs = parser.add_subparsers(dest="outputs_command", required=True)
     p = outputs.add_parser("sweep", help="delete orphan outputs once (see docs/outputs.md)")
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--redis-url", help="Redis (default: from the config)")
@@ -58,20 +57,16 @@ def _print(report: SweepReport, *, dry_run: bool) -> None:
 
 
 def cmd_outputs(args: argparse.Namespace) -> int:
-    from gateway.cli.common import EXIT_OK, EXIT_RUNTIME, _cli_redis_url, _cli_store, _settings
+    from gateway.cli.common import EXIT_OK, EXIT_RUNTIME, cli_redis_url, cli_settings, cli_store
 
-    settings = _settings(args)
+    settings = cli_settings(args)
     objects = build_object_store(settings, read_secret)
     grace = settings.outputs.orphan_grace_seconds if args.grace is None else args.grace
-    url, embedded = _cli_redis_url(settings)
+    url, embedded = cli_redis_url(settings)
 
     async def run() -> SweepReport:
-        async with _cli_store(url) as store:
-            service = OutputService(
-                store, objects, settings.outputs,
-                registration=settings.fencing.registration,
-                retention_seconds=settings.fencing.retention_seconds,
-            )  # fmt: skip
+        async with cli_store(url) as store:
+            service = OutputService(store, objects, settings.outputs)
             return await sweep(service, grace_seconds=grace, dry_run=args.dry_run)
 
     try:

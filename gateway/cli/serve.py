@@ -23,7 +23,14 @@ import redis
 
 from adapters.registry import validate_configs
 from gateway import __version__
-from gateway.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_RUNTIME, _init, _settings, log
+from gateway.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_RUNTIME,
+    cli_settings,
+    init_durability,
+    log,
+)
 from gateway.runtime.logging import configure_logging
 from gateway.runtime.settings import Settings, read_secret
 from gateway.store.durability import settings_problems
@@ -103,9 +110,10 @@ def check_external_durability(url: str, allow_volatile: bool) -> bool:
 
 
 def _configured_secrets(settings: Settings) -> list[str]:
-    """Every secret the config names (adapter credentials, keys, signing keys): never logged."""
+    """Every secret the config names (adapter and upstream credentials, keys, signing keys):
+    never logged."""
     names: list[object] = []
-    for section in settings.adapters.values():
+    for section in (*settings.adapters.values(), *settings.upstreams.values()):
         for key, value in section.items():
             if key.endswith("_env"):  # a name, or a table of names (webhook headers_env)
                 names += list(value.values()) if isinstance(value, dict) else [value]
@@ -147,11 +155,14 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     # external one only by `fencegate init`, or with redis.auto_init
     write = not settings.redis.url or settings.redis.auto_init
     result = asyncio.run(
-        _init(
-            url, data_dir / "fencegate.state", auto=True, write=write,
+        init_durability(
+            url,
+            data_dir / "fencegate.state",
+            auto=True,
+            write=write,
             cluster=settings.redis.cluster,
         )
-    )  # fmt: skip
+    )
     log.info("workers_starting", workers=args.workers, durability_marker=result)
     # The URL (it may hold a password) goes by environment, never on a command line: a
     # process's argv is readable by every local user (ps), its environment only by its owner.
@@ -189,7 +200,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = cli_settings(args)
     configure_logging(secrets=_configured_secrets(settings))
     validate_configs(settings.adapters, read_secret)
     host, port = settings.server.host, settings.server.port

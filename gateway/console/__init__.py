@@ -15,7 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.console import site
 from gateway.console.access import Keys
+from gateway.console.context import CONSOLE
 from gateway.runtime.settings import Settings
 from gateway.store.store import Store
 
@@ -41,8 +43,6 @@ def mount(
     tenant (False: over ``connections.max_per_tenant``, gateway.http.tenantshare)."""
     if not settings.console.enabled:
         return
-    from gateway.console import site
-
     console_app = site.build(
         settings,
         secret=secret,
@@ -71,7 +71,5 @@ def owns(request: web.Request) -> bool:
 
 
 def state(app: web.Application) -> Any:
-    """The mounted console's shared state (:class:`gateway.console.site.Console`), for tests."""
-    from gateway.console import site
-
-    return app[_MOUNTED][site.CONSOLE]
+    """The mounted console's shared state (:class:`gateway.console.context.Console`), for tests."""
+    return app[_MOUNTED][CONSOLE]

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from redis.exceptions import RedisError
 
+from gateway.core.errors import StoreUnavailable
 from gateway.core.records import chain_hash
-from gateway.store.anchor_check import verify
+from gateway.store.console_reads import ConsoleReads
 
 __all__ = ["ChainRuns", "Run", "check_job_chain", "honest_wording"]
 
@@ -45,9 +45,14 @@ def honest_wording(keyed: bool) -> str:
 
 
 def check_job_chain(
-    rows: Sequence[tuple[str, dict[str, str]]], head: str | None, keys: Sequence[str]
+    rows: Sequence[tuple[str, dict[str, str]]],
+    head: str | None,
+    keys: Sequence[str],
+    *,
+    whole: bool = True,
 ) -> list[str]:
-    """What is wrong with one job's chain (empty: consistent; with keys: keyed-valid)."""
+    """What is wrong with one job's chain (empty: consistent; with keys: keyed-valid).
+    ``whole`` False: ``rows`` are the first entries of a longer chain (``head`` not checked)."""
     key_bytes = [k.encode() for k in keys]
     problems: list[str] = []
     prev: str | None = None
@@ -63,7 +68,7 @@ def check_job_chain(
         if prev is not None and fields.get("prev") != prev:
             problems.append(f"{entry}: previous entry missing or altered")
         prev = stored
-    if rows and head != prev:
+    if rows and whole and head != prev:
         problems.append("newest entries missing (the chain head names another entry)")
     return problems
 
@@ -85,18 +90,24 @@ class Run:
 
 
 class ChainRuns:
-    """At most one verification per tenant per process; the result goes to Redis."""
+    """At most one verification per tenant per process, the next no sooner than
+    ``interval_seconds`` after the last started, each reading at most ``max_entries`` entries
+    (:func:`gateway.store.anchor_check.verify`); the result goes to Redis."""
 
     def __init__(
         self,
-        client: Any,
+        reads: ConsoleReads,
         *,
         keys: Sequence[str],
         anchor_file: Path,
         retention_seconds: int,
         record: Callable[[str, dict[str, Any]], Awaitable[None]],
+        interval_seconds: float = 0.0,
+        max_entries: int | None = None,
     ) -> None:
-        self._client = client
+        self._reads = reads
+        self.interval_ms = int(interval_seconds * 1000)
+        self._max_entries = max_entries
         self._keys = list(keys)
         self._anchor_file = anchor_file
         self._retention = retention_seconds
@@ -108,9 +119,16 @@ class ChainRuns:
     def keyed(self) -> bool:
         return bool(self._keys)
 
-    def start(self, tenant: str) -> Run:
+    def next_at_ms(self, tenant: str) -> int:
+        """When a new check of ``tenant`` may start (0: now)."""
         run = self.runs.get(tenant)
-        if run is not None and not run.done:
+        return run.started_ms + self.interval_ms if run is not None else 0
+
+    def start(self, tenant: str) -> Run:
+        """A new check of ``tenant``; the running one, or the last one while it is younger
+        than ``interval_seconds`` (a click costs nothing then: the page shows its result)."""
+        run = self.runs.get(tenant)
+        if run is not None and (not run.done or self.next_at_ms(tenant) > time.time() * 1000):
             return run
         run = self.runs[tenant] = Run(started_ms=int(time.time() * 1000))
         task = asyncio.create_task(self._verify(tenant, run))
@@ -126,13 +144,13 @@ class ChainRuns:
 
         summary: dict[str, Any]
         try:
-            check = await verify(
-                self._client,
+            check = await self._reads.verify_chains(
+                tenant=tenant,
                 keys=self._keys,
                 anchor_files=[self._anchor_file],
                 retention_seconds=self._retention,
-                tenant=tenant,
                 progress=progress,
+                max_entries=self._max_entries,
             )
             summary = {
                 "at_ms": int(time.time() * 1000),
@@ -141,14 +159,16 @@ class ChainRuns:
                 "problems": [_problem(p) for p in check.broken[:PROBLEMS_KEPT]],
                 "problem_count": len(check.broken),
                 "keyed": bool(self._keys),
+                "capped": check.capped,
+                "notes": list(check.notes),
             }
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (StoreUnavailable, OSError, TimeoutError) as exc:
             summary = {"at_ms": int(time.time() * 1000), "error": f"Redis: {exc}"}
         run.summary = summary
         if "error" not in summary:
             try:
                 await self._record(tenant, summary)
-            except (RedisError, OSError, TimeoutError) as exc:
+            except (StoreUnavailable, OSError, TimeoutError) as exc:
                 log.warning("console_chain_record_failed", tenant=tenant, detail=str(exc))
         run.done = True
         run.tick()

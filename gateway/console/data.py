@@ -10,14 +10,15 @@ stream ``fg:{t/j}:audit``, the authoritative copy (the feed copy is best effort)
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from gateway.core.reasons import REASONS
 from gateway.runtime.settings import NAME_RE
-from gateway.store.keys import JobKeys, audit_feed
+from gateway.store.console_reads import ConsoleReads, Entry
+from gateway.store.keys import JobKeys
 from gateway.store.store import Store
 
 __all__ = [
@@ -28,10 +29,9 @@ __all__ = [
     "feed_top",
     "iso",
     "job_entries",
-    "redis_call",
+    "reads_of",
 ]
 
-Call = Callable[..., Awaitable[Any]]
 SCAN_CAP = 5000  # feed entries looked at for one page of filtered rows
 JOB_CAP = 5000  # entries of one job's stream shown
 _ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
@@ -39,13 +39,9 @@ _WORKER = re.compile(r"[\x21-\x7e]{1,128}")
 _TIME = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d")
 
 
-def redis_call(store: Callable[[], Store]) -> Call:
-    """One Redis command on the gateway's own client (its pool, its timeouts): reads only."""
-
-    async def call(*args: Any) -> Any:
-        return await store().client.execute_command(*args)  # type: ignore[no-untyped-call]
-
-    return call
+def reads_of(store: Callable[[], Store]) -> ConsoleReads:
+    """The console's reads on the gateway's own client (:mod:`gateway.store.console_reads`)."""
+    return ConsoleReads(lambda: store().client)
 
 
 class BadFilter(ValueError):
@@ -175,32 +171,36 @@ class Row:
         }
 
 
-async def feed_top(call: Call, tenant: str) -> str:
+async def feed_top(reads: ConsoleReads, tenant: str) -> str:
     """The feed's newest entry id ("0-0" when empty): where a live page starts."""
-    rows = await call("XREVRANGE", audit_feed(tenant), "+", "-", "COUNT", 1)
-    return str(rows[0][0]) if rows else "0-0"
+    return await reads.feed_newest(tenant)
 
 
 async def feed_page(
-    call: Call, tenant: str, filters: Filters, *, cursor: str | None, limit: int
+    reads: ConsoleReads,
+    tenant: str,
+    filters: Filters,
+    *,
+    cursor: str | None,
+    limit: int,
+    scan: int = SCAN_CAP,
 ) -> tuple[list[Row], str | None]:
     """Up to ``limit`` matching rows, newest first, older than ``cursor``; and the cursor of
-    the next page (None at the end). Looks at no more than :data:`SCAN_CAP` entries: a page
-    may then be short and still have a next one."""
-    key = audit_feed(tenant)
+    the next page (None at the end). Looks at no more than ``scan`` entries (one page on
+    screen: :data:`SCAN_CAP`): a page may then be short and still have a next one."""
     until, since = filters.until_ms, filters.since_ms
     top = f"({cursor}" if cursor else (f"({until}-0" if until is not None else "+")
     bottom = f"{since}-0" if since is not None else "-"
     out: list[Row] = []
     seen = 0
     while True:
-        chunk = min(500, SCAN_CAP - seen) + 1
-        rows = await call("XREVRANGE", key, top, bottom, "COUNT", chunk)
+        chunk = min(500, scan - seen) + 1
+        rows = await reads.feed_before(tenant, top, bottom, chunk)
         more = len(rows) == chunk
         rows = rows[: chunk - 1]
         for entry, fields in rows:
             seen += 1
-            row = Row.of(entry, _pairs(fields))
+            row = Row.of(entry, fields)
             if filters.matches(row):
                 out.append(row)
                 if len(out) == limit:
@@ -208,29 +208,19 @@ async def feed_page(
         if not more:
             return out, None
         top = f"({rows[-1][0]}"
-        if seen >= SCAN_CAP:
+        if seen >= scan:
             return out, rows[-1][0]
 
 
 async def feed_after(
-    call: Call, tenant: str, after: str, count: int
-) -> tuple[list[tuple[str, dict[str, str]]], bool]:
+    reads: ConsoleReads, tenant: str, after: str, count: int
+) -> tuple[list[Entry], bool]:
     """Entries after ``after``, oldest first (at most ``count``); and whether more remain."""
-    rows = await call("XRANGE", audit_feed(tenant), f"({after}", "+", "COUNT", count + 1)
-    return [(r[0], _pairs(r[1])) for r in rows[:count]], len(rows) > count
+    rows = await reads.feed_after(tenant, after, count + 1)
+    return rows[:count], len(rows) > count
 
 
-async def job_entries(
-    call: Call, keys: JobKeys
-) -> tuple[dict[str, str], list[tuple[str, dict[str, str]]]]:
-    """The job hash and its chained audit stream (oldest first, at most :data:`JOB_CAP`)."""
-    job = await call("HGETALL", keys.job)
-    rows = await call("XRANGE", keys.audit, "-", "+", "COUNT", JOB_CAP)
-    return _pairs(job), [(r[0], _pairs(r[1])) for r in rows]
-
-
-def _pairs(value: Any) -> dict[str, str]:
-    """A reply that is a dict already, or a flat [field, value, …] list."""
-    if isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
-    return dict(zip(value[::2], value[1::2], strict=True))
+async def job_entries(reads: ConsoleReads, keys: JobKeys) -> tuple[dict[str, str], list[Entry]]:
+    """The job hash and its chained audit stream (oldest first, at most :data:`JOB_CAP`; one
+    more entry is read to tell a longer stream: :func:`job_chain_cut`)."""
+    return await reads.job(keys, JOB_CAP + 1)

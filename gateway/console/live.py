@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import structlog
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse
-from redis.exceptions import RedisError
 
-from gateway.core.errors import TooManyHeld
-from gateway.store.keys import audit_feed
+from gateway.core.errors import StoreUnavailable, TooManyHeld
+from gateway.store.console_reads import ConsoleReads
 
-__all__ = ["FeedPump", "Streams", "id_key", "open_stream"]
+__all__ = ["FeedPump", "Holds", "Streams", "id_key", "open_stream"]
 
 log = structlog.get_logger("fencegate.console")
 
@@ -47,8 +46,8 @@ def id_key(entry_id: str) -> tuple[int, int]:
 class FeedPump:
     """One poll per tenant (with open tabs) per interval, fanned out to every tab."""
 
-    def __init__(self, read: Callable[..., Awaitable[Any]], poll_seconds: float) -> None:
-        self._client_call = read  # an async callable(*redis command) → reply
+    def __init__(self, reads: ConsoleReads, poll_seconds: float) -> None:
+        self._reads = reads
         self._poll = poll_seconds
         self._subscribers: dict[str, set[asyncio.Queue[Row]]] = {}
         self._last: dict[str, str] = {}
@@ -58,8 +57,7 @@ class FeedPump:
     async def subscribe(self, tenant: str) -> asyncio.Queue[Row]:
         queue: asyncio.Queue[Row] = asyncio.Queue(QUEUE_MAX)
         if tenant not in self._last:
-            newest = await self._client_call("XREVRANGE", audit_feed(tenant), "+", "-", "COUNT", 1)
-            self._last.setdefault(tenant, newest[0][0] if newest else "0-0")
+            self._last.setdefault(tenant, await self._reads.feed_newest(tenant))
         self._subscribers.setdefault(tenant, set()).add(queue)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
@@ -78,14 +76,14 @@ class FeedPump:
         if last is None:
             return
         self.reads += 1
-        rows = await self._client_call("XRANGE", audit_feed(tenant), f"({last}", "+", "COUNT", 1000)
+        rows = await self._reads.feed_after(tenant, last, 1000)
         if not rows or tenant not in self._last:
             return
         self._last[tenant] = rows[-1][0]
         for queue in list(self._subscribers.get(tenant, ())):
             for row in rows:
                 try:
-                    queue.put_nowait((row[0], dict(row[1])))
+                    queue.put_nowait(row)
                 except asyncio.QueueFull:  # too slow: end that stream, it resumes from Redis
                     with contextlib.suppress(asyncio.QueueEmpty):
                         queue.get_nowait()
@@ -98,7 +96,7 @@ class FeedPump:
             for tenant in list(self._subscribers):
                 try:
                     await self._read(tenant)
-                except (RedisError, OSError, TimeoutError) as exc:
+                except (StoreUnavailable, OSError, TimeoutError) as exc:
                     log.warning("console_feed_read_failed", tenant=tenant, detail=str(exc))
 
     async def aclose(self) -> None:
@@ -154,6 +152,44 @@ class Streams:
         self.closing = True
         for sse in list(self.open):
             sse.stop_streaming()
+
+
+class Holds:
+    """Requests of one kind (exports) running at once in this process, counted per login and
+    per tenant against ``caps`` (``{config key: cap}``, the session's first; 0: no cap)."""
+
+    def __init__(self, what: str, caps: dict[str, int], retry_after: int = 5) -> None:
+        self.what = what
+        self.caps = caps
+        self.retry_after = retry_after
+        self.held: dict[tuple[str, str], int] = {}
+
+    @contextlib.contextmanager
+    def holding(self, session: str, tenant: str) -> Iterator[None]:
+        """One more for ``session`` and ``tenant`` while the block runs; past a cap
+        :class:`TooManyHeld` before it runs (nothing counted)."""
+        (per_session, s_cap), (per_tenant, t_cap) = self.caps.items()
+        keys = ((per_session, session), (per_tenant, tenant))
+        for key, cap in zip(keys, (s_cap, t_cap), strict=True):
+            name = key[0]
+            if cap and self.held.get(key, 0) >= cap:
+                whose = "this login" if name == per_session else f"tenant {tenant!r}"
+                raise TooManyHeld(
+                    f"{whose} has {cap} {self.what} running (console.{name}): wait for it "
+                    "to end or retry later",
+                    limit=f"console.{name}",
+                    retry_after=self.retry_after,
+                )
+        for key in keys:
+            self.held[key] = self.held.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            for key in keys:
+                if (left := self.held.get(key, 0) - 1) > 0:
+                    self.held[key] = left
+                else:
+                    self.held.pop(key, None)
 
 
 @contextlib.asynccontextmanager

@@ -5,30 +5,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import aiohttp_jinja2
 import jinja2
 import structlog
 from aiohttp import web
-from redis.exceptions import RedisError
 
+from gateway.console import feed_pages, job_pages  # the route handlers
 from gateway.console.access import Keys, Session, Sessions, console_secret, cookie_name
 from gateway.console.chain import ChainRuns
-from gateway.console.data import BadFilter, iso, redis_call
+from gateway.console.context import (
+    CONSOLE,
+    SESSION,
+    Console,
+    error_page,
+    render,
+    see_other,
+    session_of,
+)
+from gateway.console.data import BadFilter, reads_of
 from gateway.console.guard import Refused, check_request, security_headers
-from gateway.console.live import FeedPump, Streams
-from gateway.core.errors import FencegateError
-from gateway.fencing.tenancy import Tenancy, resolve_tenancy
+from gateway.console.live import FeedPump, Holds, Streams
+from gateway.core.errors import FencegateError, StoreUnavailable
+from gateway.fencing.tenancy import resolve_tenancy
 from gateway.runtime.settings import Settings
 from gateway.store.anchors import anchor_path
 from gateway.store.consolestate import ConsoleState
 from gateway.store.store import Store
 
-__all__ = ["CONSOLE", "Console", "build", "session_of"]
+__all__ = ["PREFIX", "build", "stop"]
 
 log = structlog.get_logger("fencegate.console")
 HERE = Path(__file__).parent
@@ -36,65 +44,11 @@ PREFIX = "/console"
 _PUBLIC = ("/console/login", "/console/static/")
 
 
-@dataclass
-class Console:
-    """What the console's handlers share (one per process)."""
-
-    settings: Settings
-    sessions: Sessions
-    pump: FeedPump
-    streams: Streams
-    audit_keys: list[str]
-    host_allowed: Callable[[str], bool]
-    store_of: Callable[[], Store]
-    tenancy: Tenancy  # the downstream key of a step (the one its adapter sent)
-    # counts a logged-in request's connection for its tenant (False: over its share)
-    claim_connection: Callable[[web.Request, str], bool] | None = None
-    runs: ChainRuns | None = None
-    state: ConsoleState | None = None  # revocations, login throttling (made at startup)
-
-    @property
-    def store(self) -> Store:
-        return self.store_of()
-
-    @property
-    def read_only(self) -> bool:
-        return self.settings.console.read_only
-
-
-CONSOLE = web.AppKey("console", Console)
-SESSION = web.RequestKey("console_session", Session)
-
-
-def session_of(request: web.Request) -> Session:
-    return request[SESSION]
-
-
 def _safe_next(value: str | None) -> str:
     """Only a path of the console itself (never ``//host`` or a scheme)."""
     if value and value.startswith(PREFIX) and not value.startswith("//") and "\\" not in value:
         return value
     return PREFIX
-
-
-def see_other(location: str) -> web.Response:
-    """A 303 as a plain response: the gateway's outer middleware turns a raised HTTP
-    exception into a problem document."""
-    return web.Response(status=303, headers={"Location": location})
-
-
-def render(
-    request: web.Request, template: str, context: dict[str, Any], status: int = 200
-) -> web.Response:
-    """A page: the template with the console's common context (no context processors: they
-    keep their state under a plain string key of the request)."""
-    return aiohttp_jinja2.render_template(
-        template, request, {**_context(request), **context}, status=status
-    )
-
-
-def error_page(request: web.Request, status: int, message: str) -> web.Response:
-    return render(request, "error.html", {"status": status, "message": message}, status=status)
 
 
 @web.middleware
@@ -114,7 +68,7 @@ async def console_middleware(
     else:
         try:
             session = await _live_session(console, request)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (StoreUnavailable, OSError, TimeoutError) as exc:
             log.warning("console_redis_failed", path=request.path, detail=str(exc))
             return error_page(request, 503, "Redis is not answering; try again shortly")
         if session is not None:
@@ -140,11 +94,13 @@ async def console_middleware(
     except BadFilter as exc:
         return error_page(request, 400, str(exc))
     except FencegateError as exc:
+        if isinstance(exc, StoreUnavailable):
+            log.warning("console_redis_failed", path=request.path, detail=exc.detail)
         page = error_page(request, exc.http_status, exc.detail)
         if (retry := exc.fields.get("retry_after")) is not None:
             page.headers["Retry-After"] = str(retry)
         return page
-    except (RedisError, OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError) as exc:
         log.warning("console_redis_failed", path=request.path, detail=str(exc))
         return error_page(request, 503, "Redis is not answering; try again shortly")
 
@@ -207,7 +163,7 @@ async def login(request: web.Request) -> web.Response:
         found = console.sessions.login(str(form.get("key") or ""))
         if found is None:
             failures = await console.state.failed(peer)
-    except (RedisError, OSError, TimeoutError) as exc:
+    except (StoreUnavailable, OSError, TimeoutError) as exc:
         log.warning("console_redis_failed", path=request.path, detail=str(exc))
         return error_page(request, 503, "Redis is not answering; try again shortly")
     if found is None:
@@ -274,22 +230,6 @@ async def logout(request: web.Request) -> web.Response:
     return response
 
 
-def _context(request: web.Request) -> dict[str, Any]:
-    console = request.app[CONSOLE]
-    session = request.get(SESSION)
-    return {
-        "session": session,
-        "csrf": console.sessions.csrf(session) if isinstance(session, Session) else "",
-        "open_mode": console.sessions.open,
-        "read_only": console.read_only,
-        "keyed": bool(console.audit_keys),
-        "iso": iso,
-        "static": lambda name: request.app.router["static"].url_for(filename=name),
-        "request": request,
-        "qs": lambda filters, **extra: urlencode(filters.query(**extra)),
-    }
-
-
 def build(
     settings: Settings,
     *,
@@ -301,8 +241,6 @@ def build(
     claim_connection: Callable[[web.Request, str], bool] | None = None,
 ) -> web.Application:
     """The console sub-application (mounted by :func:`gateway.console.mount`)."""
-    from gateway.console import pages, views  # the route handlers
-
     app = web.Application(middlewares=[console_middleware])
     if settings.redis.url and settings.auth.keys and not settings.console.secret_env:
         # the config cannot say how many hosts share this Redis: say what a second one means
@@ -317,7 +255,7 @@ def build(
         sessions=Sessions(
             console_secret(settings, secret), keys, settings.console.cookie_ttl_seconds
         ),
-        pump=FeedPump(redis_call(store), settings.console.poll_seconds),
+        pump=FeedPump(reads_of(store), settings.console.poll_seconds),
         streams=Streams(
             settings.console.sse_ping_seconds,
             per_session=settings.console.sse_per_session,
@@ -328,6 +266,13 @@ def build(
         store_of=store,
         tenancy=resolve_tenancy(settings),
         claim_connection=claim_connection,
+        exports=Holds(
+            "exports",
+            {
+                "exports_per_session": settings.console.exports_per_session,
+                "exports_per_tenant": settings.console.exports_per_tenant,
+            },
+        ),
     )
     app[CONSOLE] = console
     aiohttp_jinja2.setup(
@@ -341,19 +286,21 @@ def build(
     app.router.add_get("/login", login_form)
     app.router.add_post("/login", login)
     app.router.add_post("/logout", logout)
-    views.add_routes(app)
-    pages.add_routes(app)
+    feed_pages.add_routes(app)
+    job_pages.add_routes(app)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         console.state = ConsoleState(
             store().client, window_seconds=settings.console.login_window_seconds
         )
         console.runs = ChainRuns(  # the store is made by the gateway's startup, which runs first
-            store().client,
+            reads_of(store),
             keys=audit_keys,
             anchor_file=anchor_path(settings),
             retention_seconds=settings.fencing.retention_seconds,
             record=lambda tenant, summary: store().record_chain_check(tenant, summary),
+            interval_seconds=settings.console.chain_check_interval_seconds,
+            max_entries=settings.console.chain_check_max_entries,
         )
         yield
         await stop(app)

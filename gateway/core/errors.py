@@ -13,36 +13,43 @@ gateway decided::
     ├── NotFound                  404 not_found
     ├── MethodNotAllowed          405 method_not_allowed
     ├── PayloadTooLarge           413 payload_too_large
+    ├── ExpectationFailed         417 expectation_failed (an Expect other than 100-continue)
     ├── TooManyCheckpoints        413 too_many_checkpoints (a new name past max_per_job; audited)
     ├── UnsupportedMediaType      415 unsupported_media_type (a body that is not application/json)
-    ├── RequestTimeout            408 request_timeout (the body did not arrive in time)
-    ├── QuotaExceeded             429 quota_exceeded (Retry-After; audited)
-    ├── TooManyHeld               429 too_many_held (Retry-After; ``limit``: the config key of
-    │                                 the per-tenant cap on long-lived requests reached)
+    ├── TryLater                  the same call may be answered later: back off and retry
+    │   ├── RequestTimeout        408 request_timeout (the body did not arrive in time)
+    │   ├── QuotaExceeded         429 quota_exceeded (Retry-After; audited)
+    │   ├── TooManyHeld           429 too_many_held (Retry-After; ``limit``: the config key of
+    │   │                             the per-tenant cap on long-lived requests reached)
+    │   ├── EffectInProgress      409 effect_in_progress (Retry-After)
+    │   ├── OutputInProgress      409 output_in_progress (Retry-After; an upload of it is running)
+    │   ├── ObjectStoreUnavailable 503 object_store_unavailable (nothing was recorded)
+    │   ├── InsufficientStorage   507 insufficient_storage (the volume's free-space floor)
+    │   ├── AdapterUnavailable    502 adapter_unavailable
+    │   ├── StoreUnavailable      503 store_unavailable
+    │   └── GatewayUnreachable    (SDK only) no HTTP answer from the gateway
     ├── Rejection                 409, carries presented/current; audited
-    │   ├── StaleGeneration           stale_generation
-    │   ├── UnregisteredGeneration    unregistered_generation
-    │   ├── LeaseExpired              lease_expired
-    │   ├── JobCancelled              job_cancelled
+    │   ├── Superseded                this generation may act no more: stop the job's work
+    │   │   ├── StaleGeneration       stale_generation
+    │   │   ├── UnregisteredGeneration unregistered_generation
+    │   │   ├── LeaseExpired          lease_expired
+    │   │   ├── JobCancelled          job_cancelled
+    │   │   └── JobCompleted          job_completed (the job completed: nothing new is taken)
     │   ├── GenerationRegression      generation_regression
     │   ├── GenerationExhausted       generation_exhausted (fence is 2^53-1: nothing to allocate)
-    │   ├── JobCompleted              job_completed (the job completed: nothing new is taken)
     │   └── IntentMismatch        422 intent_mismatch
-    ├── EffectInProgress          409 effect_in_progress (Retry-After)
     ├── OutcomeUnknown            409 outcome_unknown (504 when this call timed out)
     ├── EffectNotUnknown          409 effect_not_unknown (resolve: the outcome is known)
-    ├── OutputInProgress          409 output_in_progress (Retry-After; an upload of it is running)
     ├── UploadUrlUnsupported      501 upload_url_unsupported (the object store cannot sign URLs)
-    ├── ObjectStoreUnavailable    503 object_store_unavailable (nothing was recorded)
-    ├── InsufficientStorage       507 insufficient_storage (the volume's free-space floor)
     ├── UnknownAdapter            422 unknown_adapter
     ├── OutputNotStaged           422 output_not_staged (completion names outputs this
     │                                 generation did not record; ``missing``: their names)
     ├── EffectFailed              424 effect_failed
-    ├── AdapterUnavailable        502 adapter_unavailable
-    ├── StoreUnavailable          503 store_unavailable
-    ├── InternalError             500 internal_error
-    └── GatewayUnreachable        (SDK only) no HTTP answer from the gateway
+    ├── ReplayUnavailable         502 replay_unavailable (a proxied response recorded by digest
+    │                                 and size only: over the upstream's max_response_bytes)
+    └── InternalError             500 internal_error
+
+``TryLater`` and ``Superseded`` are the two categories a worker acts on: retry later, or stop.
 """
 
 from __future__ import annotations
@@ -76,11 +83,14 @@ __all__ = [
     "PayloadTooLarge",
     "QuotaExceeded",
     "Rejection",
+    "ReplayUnavailable",
     "RequestTimeout",
     "StaleGeneration",
     "StoreUnavailable",
+    "Superseded",
     "TooManyCheckpoints",
     "TooManyHeld",
+    "TryLater",
     "Unauthorized",
     "UnknownAdapter",
     "UnregisteredGeneration",
@@ -126,6 +136,14 @@ class FencegateError(Exception):
         return doc
 
 
+class TryLater(FencegateError):
+    """The same call may be answered later: nothing was done, or sending it again is answered
+    safely (the step's key deduplicates). Back off (``retry_after`` where given) and retry."""
+
+    code = "try_later"  # abstract: only its subclasses are raised
+    status = 503
+
+
 class InvalidRequest(FencegateError):
     code = "invalid_request"
     status = 400
@@ -167,25 +185,31 @@ class PayloadTooLarge(FencegateError):
     title = "Request body too large"
 
 
+class ExpectationFailed(FencegateError):
+    code = "expectation_failed"
+    status = 417
+    title = "Expectation failed"
+
+
 class TooManyCheckpoints(FencegateError):
     code = "too_many_checkpoints"
     status = 413
     title = "The job holds as many checkpoints as it may; write one of them again"
 
 
-class RequestTimeout(FencegateError):
+class RequestTimeout(TryLater):
     code = "request_timeout"
     status = 408
     title = "The request body did not arrive in time"
 
 
-class QuotaExceeded(FencegateError):
+class QuotaExceeded(TryLater):
     code = "quota_exceeded"
     status = 429
     title = "The tenant's quota is used up"
 
 
-class TooManyHeld(FencegateError):
+class TooManyHeld(TryLater):
     """A tenant (or a console login) holds as many long-lived requests as it may: SSE
     streams, uploads, connections. ``limit`` names the config key; nothing was done."""
 
@@ -207,22 +231,29 @@ class Rejection(FencegateError):
     status = 409
 
 
-class StaleGeneration(Rejection):
+class Superseded(Rejection):
+    """This generation may act no more (another took the job over, its lease ran out, the job
+    was cancelled or completed): stop the job's work; sending again is refused again."""
+
+    code = "superseded"  # abstract: only its subclasses are raised
+
+
+class StaleGeneration(Superseded):
     code = "stale_generation"
     title = "Generation is below the job's fence"
 
 
-class UnregisteredGeneration(Rejection):
+class UnregisteredGeneration(Superseded):
     code = "unregistered_generation"
     title = "Generation was never registered by the scheduler"
 
 
-class LeaseExpired(Rejection):
+class LeaseExpired(Superseded):
     code = "lease_expired"
     title = "The generation's lease ran out without renewal"
 
 
-class JobCancelled(Rejection):
+class JobCancelled(Superseded):
     code = "job_cancelled"
     title = "The job was cancelled"
 
@@ -237,7 +268,7 @@ class GenerationExhausted(Rejection):
     title = "The job's fence is the largest generation; no next one can be allocated"
 
 
-class JobCompleted(Rejection):
+class JobCompleted(Superseded):
     code = "job_completed"
     title = "The job completed; it takes no new effects, checkpoints, outputs or generations"
 
@@ -248,7 +279,7 @@ class IntentMismatch(Rejection):
     title = "The step is pinned to a different intent"
 
 
-class EffectInProgress(FencegateError):
+class EffectInProgress(TryLater):
     code = "effect_in_progress"
     status = 409
     title = "Another request is dispatching this step"
@@ -266,7 +297,7 @@ class EffectNotUnknown(FencegateError):
     title = "Only a step whose outcome is unknown can be resolved"
 
 
-class OutputInProgress(FencegateError):
+class OutputInProgress(TryLater):
     code = "output_in_progress"
     status = 409
     title = "An upload of this output by this generation is in progress"
@@ -278,13 +309,13 @@ class UploadUrlUnsupported(FencegateError):
     title = "The configured object store cannot sign upload URLs"
 
 
-class ObjectStoreUnavailable(FencegateError):
+class ObjectStoreUnavailable(TryLater):
     code = "object_store_unavailable"
     status = 503
     title = "The object store for outputs is unavailable"
 
 
-class InsufficientStorage(FencegateError):
+class InsufficientStorage(TryLater):
     code = "insufficient_storage"
     status = 507
     title = "The output store's volume is at its free-space floor: nothing was stored"
@@ -308,13 +339,19 @@ class EffectFailed(FencegateError):
     title = "The downstream permanently refused the effect"
 
 
-class AdapterUnavailable(FencegateError):
+class AdapterUnavailable(TryLater):
     code = "adapter_unavailable"
     status = 502
     title = "The downstream is unavailable; the effect was not delivered"
 
 
-class StoreUnavailable(FencegateError):
+class ReplayUnavailable(FencegateError):
+    code = "replay_unavailable"
+    status = 502
+    title = "The recorded response cannot be replayed: only its digest and size were kept"
+
+
+class StoreUnavailable(TryLater):
     code = "store_unavailable"
     status = 503
     title = "The fence store is unavailable"
@@ -329,7 +366,7 @@ class StoreUnavailable(FencegateError):
     run_before_ms: int | None = None
 
 
-class GatewayUnreachable(FencegateError):
+class GatewayUnreachable(TryLater):
     """Raised by the SDK when the gateway did not answer (a sent effect call may have run)."""
 
     code = "gateway_unreachable"

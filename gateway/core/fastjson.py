@@ -3,8 +3,8 @@
 orjson is several times faster for request bodies, problem documents, stored
 results and log lines, but it reads an integer beyond 64 bits as a float
 *without an error* (``18446744073709551617`` becomes ``1.8446744073709552e19``),
-which changed payloads on their way downstream and gave different integers one
-intent digest (issue 12, hole 15). So orjson only reads a document in which no
+which would change payloads on their way downstream and give different integers
+one intent digest. So orjson only reads a document in which no
 number can be affected: no run of 16 or more digits and no exponent of three or
 more digits. There every integer fits in 64 bits and every other number has at
 most 15 significant digits in the normal range of a double, where orjson and
@@ -35,9 +35,23 @@ import orjson
 __all__ = ["Unrepresentable", "dumps", "loads", "loads_exact"]
 
 # A document orjson may read: it cannot hold an integer beyond 64 bits or a number
-# that over- or underflows a double. Digits inside strings only cost the slow path.
-_SUSPECT_BYTES = re.compile(rb"[0-9]{16}|[eE][+-]?[0-9]{3}")
-_SUSPECT_STR = re.compile(r"[0-9]{16}|[eE][+-]?[0-9]{3}")
+# that over- or underflows a double, i.e. no match of SUSPECT anywhere in its text. Digits
+# inside strings only cost the slow path.
+SUSPECT = rb"[0-9]{16}|[eE][+-]?[0-9]{3}"
+# SUSPECT without a regular expression (the re engine tries its alternatives at every byte:
+# several times orjson's own parse of a small body): each digit read as 0, each e or E as e,
+# each + or - as +, any other byte as "."; then a match is one of three substrings.
+_CLASSES = bytes(
+    ord("0")
+    if c in b"0123456789"
+    else ord("e")
+    if c in b"eE"
+    else ord("+")
+    if c in b"+-"
+    else ord(".")
+    for c in range(256)
+)
+_DIGITS_16 = b"0" * 16
 _NONZERO_MANTISSA = re.compile(r"^[^eE]*[1-9]")
 
 
@@ -54,9 +68,13 @@ def dumps(value: Any, default: Any = None) -> bytes:
 
 
 def _fast(raw: str | bytes) -> bool:
-    if isinstance(raw, bytes | bytearray | memoryview):
-        return _SUSPECT_BYTES.search(raw) is None
-    return _SUSPECT_STR.search(raw) is None
+    """No match of :data:`SUSPECT` in ``raw``: orjson reads it exactly."""
+    if isinstance(raw, str):  # its UTF-8 (surrogates too): ASCII bytes are the same characters
+        raw = raw.encode("utf-8", "surrogatepass")
+    elif isinstance(raw, memoryview):
+        raw = raw.tobytes()
+    seen = raw.translate(_CLASSES)
+    return _DIGITS_16 not in seen and b"e000" not in seen and b"e+000" not in seen
 
 
 def loads(raw: str | bytes) -> Any:

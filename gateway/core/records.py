@@ -11,6 +11,7 @@ from typing import Any, Literal
 from gateway.core import fastjson
 
 __all__ = [
+    "DEFAULT_TYPE",
     "RECORD_FIELDS",
     "AdmitVerdict",
     "Admitted",
@@ -21,14 +22,16 @@ __all__ = [
     "EffectState",
     "InProgress",
     "JobView",
+    "OutputRecord",
     "OverQuota",
     "Queued",
     "Registration",
     "RelayClaim",
     "Replay",
-    "Unknown",
+    "Unresolved",
     "chain_hash",
     "downstream_key",
+    "proxied_key",
 ]
 
 EffectState = Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
@@ -38,9 +41,19 @@ EffectState = Literal["pending", "dispatching", "succeeded", "failed", "unknown"
 # (``payload``, up to quotas.payload_bytes) and the dispatch's bookkeeping. Views read these
 # with HMGET, never HGETALL, so listing a job costs the size of its records, not its payloads.
 RECORD_FIELDS = (
-    "state", "generation", "intent_sha256", "adapter", "operation", "result", "error",
-    "updated_at", "created_at", "attempts", "worker_id", "resolved_by",
-)  # fmt: skip
+    "state",
+    "generation",
+    "intent_sha256",
+    "adapter",
+    "operation",
+    "result",
+    "error",
+    "updated_at",
+    "created_at",
+    "attempts",
+    "worker_id",
+    "resolved_by",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +110,19 @@ def downstream_key(tenant: str, job_id: str, step: str, *, tenant_keyed: bool) -
     return f"{tenant}/{key}" if tenant_keyed else key
 
 
+PROXIED_KEY_LIMIT = 255  # Stripe's limit on Idempotency-Key, and a common bound elsewhere
+
+
+def proxied_key(tenant: str, job_id: str, step: str) -> str:
+    """The key a proxied step's upstream sees (adapter ``proxy:<upstream>``, gateway.proxy):
+    always ``<tenant>/<job>:<step>`` (an upstream is shared by its tenants' workers), or
+    ``fg-<SHA-256 hex>`` of it when longer than :data:`PROXIED_KEY_LIMIT`."""
+    key = downstream_key(tenant, job_id, step, tenant_keyed=True)
+    if len(key) > PROXIED_KEY_LIMIT:
+        return "fg-" + hashlib.sha256(key.encode()).hexdigest()
+    return key
+
+
 @dataclass(frozen=True, slots=True)
 class EffectResult:
     """What an effect call answers (the gateway's service and the SDK share it)."""
@@ -109,6 +135,67 @@ class EffectResult:
     idempotency_key: str
     adapter: str
     result: Any
+
+
+DEFAULT_TYPE = "application/octet-stream"  # an output's media type when none was given
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """One attempt-scoped output as recorded in Redis: a field ``<generation>/<name>`` of the
+    job's outputs hash ``fg:{t/j}:outputs``, written by the output scripts (``state`` staged,
+    then recorded with its size and digest), read by the completion script, the views, the
+    ledger and the sweeper. A field missing from the stored JSON reads as its zero value."""
+
+    generation: int
+    name: str
+    state: str  # staged | recorded
+    key: str
+    size: int
+    sha256: str
+    content_type: str
+    staged_ms: int
+    recorded_ms: int
+    presigned: bool
+    etag: str
+    upload: str
+    deadline_ms: int
+    worker_id: str
+
+    @property
+    def at_ms(self) -> int | None:
+        """When it was recorded, else staged (ms; None: neither is known)."""
+        return self.recorded_ms or self.staged_ms or None
+
+    @classmethod
+    def parse(cls, field: str, raw: str) -> OutputRecord:
+        """The record of hash field ``field`` holding ``raw``; ValueError when it is not one."""
+        gen, _, name = field.partition("/")
+        try:
+            d = fastjson.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"output record {field!r}: not JSON") from exc
+        if not isinstance(d, dict):
+            raise ValueError(f"output record {field!r}: not a JSON object")
+        try:
+            return cls(
+                generation=int(gen),
+                name=name,
+                state=str(d.get("state", "")),
+                key=str(d.get("key", "")),
+                size=int(d.get("size") or 0),
+                sha256=str(d.get("sha256", "")),
+                content_type=str(d.get("content_type") or DEFAULT_TYPE),
+                staged_ms=int(d.get("staged_ms") or 0),
+                recorded_ms=int(d.get("recorded_ms") or 0),
+                presigned=bool(d.get("presigned")),
+                etag=str(d.get("etag", "")),
+                upload=str(d.get("upload", "")),
+                deadline_ms=int(d.get("deadline") or 0),
+                worker_id=str(d.get("worker_id", "")),
+            )
+        except (TypeError, ValueError) as exc:  # a field of another type (a list for a size)
+            raise ValueError(f"output record {field!r}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +221,10 @@ class InProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class Unknown:
-    """The step's outcome is unknown and the adapter cannot resolve it."""
+class Unresolved:
+    """The step's outcome is unknown and the adapter cannot resolve it: an operator's
+    decision (``resolve``) is needed. (Not :class:`adapters.base.Unknown`, the outcome an
+    adapter reports for one send.)"""
 
     record: EffectRecord
 
@@ -167,7 +256,7 @@ class RelayClaim:
     deadline_ms: int
 
 
-AdmitVerdict = Admitted | Replay | InProgress | Unknown | Queued | OverQuota
+AdmitVerdict = Admitted | Replay | InProgress | Unresolved | Queued | OverQuota
 
 
 @dataclass(frozen=True, slots=True)

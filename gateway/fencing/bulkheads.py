@@ -13,11 +13,12 @@ each dispatch (a context variable read by :meth:`HttpPools.request`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, cast
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 
 from adapters.base import Adapter, Delivered, EffectRequest, NotDelivered, Outcome
 from adapters.http import send_trace
@@ -31,10 +32,18 @@ _TENANT: ContextVar[str] = ContextVar("fencegate_pool_tenant", default="")
 class HttpPools:
     """Stands in for one adapter's ``aiohttp.ClientSession``: a bounded session per tenant."""
 
-    def __init__(self, adapter: str, settings: BulkheadSettings) -> None:
+    def __init__(
+        self,
+        adapter: str,
+        settings: BulkheadSettings,
+        *,
+        resolver: Callable[[], AbstractResolver] | None = None,
+    ) -> None:
         self.adapter = adapter
         self._settings = settings
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        # each pool's own resolver (gateway.proxy: one that refuses private addresses)
+        self._resolver = resolver
 
     def session(self, tenant: str = "") -> aiohttp.ClientSession:
         key = tenant if self._settings.per_tenant else ""
@@ -42,7 +51,9 @@ class HttpPools:
         if session is None or session.closed:
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
-                    limit=self._settings.connections_per_pool, limit_per_host=0
+                    limit=self._settings.connections_per_pool,
+                    limit_per_host=0,
+                    resolver=self._resolver() if self._resolver is not None else None,
                 ),
                 auto_decompress=True,
                 trace_configs=[send_trace()],

@@ -37,7 +37,7 @@ from gateway.runtime.settings import NAME_RE
 from gateway.store.jobstate import (
     CHECKPOINT_ENVELOPE,
     CheckpointWritten,
-    Completion,
+    CompletionRecord,
     JobState,
     canonical_json,
 )
@@ -144,7 +144,7 @@ class CompletionService:
         result: Any,
         worker_id: str | None,
         by: str = "",
-    ) -> Completion:
+    ) -> CompletionRecord:
         check_output_names(outputs)
         sha = body_sha(outputs, result)
         if outputs and self.recorder is not None:
@@ -154,7 +154,7 @@ class CompletionService:
         request_id = new_request_id()
         result_json = canonical_json(result)
 
-        async def once() -> Completion:
+        async def once() -> CompletionRecord:
             return await self._state.complete(
                 keys,
                 generation=generation,

@@ -1,6 +1,13 @@
-"""Dispatching an admitted step: the adapter call under the process's own deadline, in a task
-shielded from the request, then the record; voids for admits whose reply never came; the
-drain at shutdown. :mod:`gateway.fencing.service` decides; this module performs."""
+"""The dispatcher: an admitted step's adapter call under the process's own deadline, in a task
+shielded from the request, then its record; the voids of admits whose reply never came; the
+drain of in-flight dispatches at shutdown.
+
+:class:`Dispatcher` owns the adapters, the in-flight dispatches and the pending voids. Its
+callers (:class:`gateway.fencing.service.EffectService` for effect calls,
+:class:`gateway.fencing.relay.Relay` for queued steps) decide; it performs, through its public
+methods: :meth:`~Dispatcher.adapter`, :meth:`~Dispatcher.request`, :meth:`~Dispatcher.spawn`,
+:meth:`~Dispatcher.result`, :meth:`~Dispatcher.replay`, :meth:`~Dispatcher.void`,
+:meth:`~Dispatcher.void_later`, :meth:`~Dispatcher.retry_voids`, :meth:`~Dispatcher.drain`."""
 
 from __future__ import annotations
 
@@ -33,8 +40,8 @@ from gateway.core.records import (
     EffectResult,
     EffectState,
     downstream_key,
+    proxied_key,
 )
-from gateway.fencing.admission import Admission
 from gateway.runtime.metrics import Metrics
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store, new_request_id
@@ -44,8 +51,9 @@ log = structlog.get_logger("fencegate.service")
 # Record retries when Redis blips right after a dispatch: the effect happened,
 # so try hard to write it down before giving up to `unknown`.
 _RECORD_BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8)
-# A relay dispatch that ended released (known not delivered) is tried again after this.
-_RELAY_RETRY_MS = 1000
+# A relay dispatch that ended released (known not delivered) is due again after this: written
+# with its record, and the relay's hint when it re-queues the step.
+RELAY_RETRY_MS = 1000
 
 
 class Dispatcher:
@@ -61,11 +69,8 @@ class Dispatcher:
         tenant_keyed: frozenset[str] = frozenset(),
         adapter_tenants: Mapping[str, frozenset[str] | None] | None = None,
         crash_hook: Callable[[str], None] | None = None,
-        admission: Admission | None = None,
     ) -> None:
         self._store = store
-        # consulted around every effect call's admit (gateway.fencing.admission); None: nothing
-        self.admission = admission
         self._adapters = adapters
         self._tenant_keyed = tenant_keyed
         # adapter -> the tenants that may use it (None or absent: every tenant)
@@ -76,8 +81,6 @@ class Dispatcher:
         self._timeout = dispatch_timeout_seconds
         # in-flight dispatch -> what to record if shutdown cuts it short
         self._inflight: dict[asyncio.Task[EffectResult], tuple[JobKeys, str, str]] = {}
-        self.relay_wakeup = asyncio.Event()
-        self._relay_stopping = False
         # admits whose reply never came and that Redis could not be told to give up yet:
         # (job, step, dispatch id, the admit's "run before" (ms, Redis's clock) or None)
         self._voids: set[tuple[JobKeys, str, str, int | None]] = set()
@@ -91,9 +94,11 @@ class Dispatcher:
             raise UnknownAdapter(f"no adapter named {name!r} is configured")
         return adapter
 
-    async def _void(
+    async def void(
         self, keys: JobKeys, step: str, dispatch_id: str, run_before_ms: int | None = None
     ) -> bool:
+        """Give up in Redis an admit (or a relay claim) whose reply never came: if it ran, it
+        holds the step for a dispatch that never starts. False: Redis did not answer."""
         try:
             what = await self._store.void(keys, step, dispatch_id, run_before_ms)
         except StoreUnavailable:
@@ -101,13 +106,23 @@ class Dispatcher:
         log.warning("admit_given_up", key=f"{keys.job_id}:{step}", found=what)
         return True
 
+    def void_later(
+        self, keys: JobKeys, step: str, dispatch_id: str, run_before_ms: int | None
+    ) -> None:
+        """Keep a void Redis could not be told yet, for :meth:`retry_voids`."""
+        self._voids.add((keys, step, dispatch_id, run_before_ms))
+
+    @property
+    def voids_pending(self) -> bool:
+        return bool(self._voids)
+
     async def retry_voids(self) -> None:
         """Give up, once Redis answers again, the admits whose reply never came."""
         for item in list(self._voids):
-            if await self._void(*item):
+            if await self.void(*item):
                 self._voids.discard(item)
 
-    def _spawn(
+    def spawn(
         self, keys: JobKeys, adapter: Adapter, request: EffectRequest, admitted: Admitted
     ) -> asyncio.Future[EffectResult]:
         """Run a dispatch in its own task, shielded from the caller, known to ``drain``."""
@@ -116,7 +131,7 @@ class Dispatcher:
         task.add_done_callback(lambda t: self._inflight.pop(t, None))
         return asyncio.shield(task)
 
-    def _request(
+    def request(
         self,
         keys: JobKeys,
         step: str,
@@ -126,6 +141,8 @@ class Dispatcher:
         payload: Mapping[str, Any],
         started: float | None = None,
     ) -> EffectRequest:
+        """The adapter's request; its deadline counts from ``started`` (monotonic; default
+        now) plus the dispatch timeout."""
         return EffectRequest(
             tenant=keys.tenant,
             job_id=keys.job_id,
@@ -139,11 +156,13 @@ class Dispatcher:
 
     def _key(self, keys: JobKeys, step: str, adapter_name: str) -> str:
         """The idempotency key sent downstream (tenant-prefixed where the adapter says so)."""
+        if adapter_name.startswith("proxy:"):  # gateway.proxy: shared by its tenants' workers
+            return proxied_key(keys.tenant, keys.job_id, step)
         return downstream_key(
             keys.tenant, keys.job_id, step, tenant_keyed=adapter_name in self._tenant_keyed
         )
 
-    def _result(
+    def result(
         self,
         keys: JobKeys,
         step: str,
@@ -154,6 +173,7 @@ class Dispatcher:
         *,
         replayed: bool = False,
     ) -> EffectResult:
+        """The step's result as the caller is answered."""
         return EffectResult(
             job_id=keys.job_id,
             step=step,
@@ -165,7 +185,8 @@ class Dispatcher:
             result=result,
         )
 
-    def _replay(self, keys: JobKeys, step: str, record: EffectRecord) -> EffectResult:
+    def replay(self, keys: JobKeys, step: str, record: EffectRecord) -> EffectResult:
+        """The answer of a step already recorded (a failure is raised again)."""
         self._metrics.effect_counter(record.adapter, "replayed").inc()
         if record.state == "failed":
             raise EffectFailed(
@@ -174,7 +195,7 @@ class Dispatcher:
                 replayed=True,
                 generation=record.generation,
             )
-        return self._result(
+        return self.result(
             keys,
             step,
             record.generation,
@@ -259,15 +280,21 @@ class Dispatcher:
             state, error = "unknown", {"reason": outcome.reason}
         # one request id for every try: a try whose reply was lost is not applied twice
         request_id = new_request_id()
-        retry_due = int(time.time() * 1000) + _RELAY_RETRY_MS
+        retry_due = int(time.time() * 1000) + RELAY_RETRY_MS
         for delay in (0.0, *_RECORD_BACKOFF):
             if delay:
                 await asyncio.sleep(delay)
             try:
                 held, _ = await self._store.record(
-                    keys, request.step, dispatch_id, state, result=result, error=error,
-                    request_id=request_id, retry_due_ms=retry_due,
-                )  # fmt: skip
+                    keys,
+                    request.step,
+                    dispatch_id,
+                    state,
+                    result=result,
+                    error=error,
+                    request_id=request_id,
+                    retry_due_ms=retry_due,
+                )
             except StoreUnavailable:
                 continue
             if not held:
@@ -298,10 +325,15 @@ class Dispatcher:
         replayed: bool,
     ) -> EffectResult:
         if isinstance(outcome, Delivered):
-            return self._result(
-                keys, request.step, request.generation, "succeeded", adapter_name, outcome.result,
+            return self.result(
+                keys,
+                request.step,
+                request.generation,
+                "succeeded",
+                adapter_name,
+                outcome.result,
                 replayed=replayed,
-            )  # fmt: skip
+            )
         if isinstance(outcome, Failed):
             raise EffectFailed(
                 "the downstream permanently refused this effect",
@@ -345,9 +377,12 @@ class Dispatcher:
             task.cancel()
             try:
                 await self._store.record(
-                    keys, step, dispatch_id, "unknown",
+                    keys,
+                    step,
+                    dispatch_id,
+                    "unknown",
                     error={"reason": "the gateway shut down before the outcome was known"},
-                )  # fmt: skip
+                )
             except StoreUnavailable:
                 log.error("shutdown_record_failed", key=f"{keys.job_id}:{step}")
         return len(still)

@@ -1,4 +1,4 @@
-"""Attempt-scoped job outputs under the fence (issue 16): stage, stream, record, read.
+"""Attempt-scoped job outputs under the fence: stage, stream, record, read.
 
 A worker's output goes to ``<tenant>/<job>/g<generation>/<name>`` in the object store
 (:mod:`gateway.objects`), a key no other generation ever writes. Fencing happens on both
@@ -13,6 +13,13 @@ sides of the write:
 3. **record** (``output-record-3.lua``): the fence again. If it moved while the bytes
    streamed, the record is refused (audited) and the object is an orphan: never
    promoted, deleted by the sweeper (:mod:`gateway.fencing.outputs_sweep`).
+
+Every object is charged to its tenant's output quotas (``quotas.output_bytes``,
+``quotas.output_objects``; :class:`gateway.fencing.output_ledger.OutputLedger`): reserved before
+the stage (the ``Content-Length``, or step by step as a chunked body arrives; a pre-signed
+URL ``outputs.max_bytes``), settled to the object's size once it is written, given back
+when nothing was written or the object is deleted. Over a cap: ``429 quota_exceeded``,
+nothing stored.
 
 Completion (the ``completed`` field of the job hash, written by the completion script)
 promotes one generation's recorded outputs; :meth:`OutputService.open_promoted` serves
@@ -42,7 +49,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
-from redis.exceptions import RedisError
 
 from gateway.core.errors import (
     InsufficientStorage,
@@ -52,19 +58,25 @@ from gateway.core.errors import (
     ObjectStoreUnavailable,
     OutputInProgress,
     PayloadTooLarge,
+    QuotaExceeded,
     RequestTimeout,
     StoreUnavailable,
     TooManyHeld,
     UploadUrlUnsupported,
 )
-from gateway.fencing.output_entry import OutputEntry
+from gateway.core.records import OutputRecord
+from gateway.fencing.output_ledger import OutputLedger
+from gateway.fencing.outputs_presigned import record_presigned
+from gateway.fencing.quotas import OUTPUT_STEP, Quotas
 from gateway.objects import ObjectStore, ObjectStoreError, PreconditionFailed, output_key
 from gateway.objects.space import CHECK_EVERY
 from gateway.runtime.settings import OutputSettings
 from gateway.store.keys import JobKeys
+from gateway.store.output_records import OutputRecords
+from gateway.store.replies import OutputRecordReply, OutputStageReply
 from gateway.store.store import Store
 
-__all__ = ["OutputEntry", "OutputService"]
+__all__ = ["OutputService"]
 
 log = structlog.get_logger("fencegate.outputs")
 
@@ -87,11 +99,9 @@ class _LengthMismatch(Exception):
     pass
 
 
-async def _redis(call: Any) -> Any:
-    try:
-        return await call
-    except (RedisError, OSError) as exc:
-        raise StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}") from exc
+class _OverQuota(Exception):
+    def __init__(self, problem: QuotaExceeded) -> None:
+        self.problem = problem
 
 
 class OutputService:
@@ -103,18 +113,16 @@ class OutputService:
         objects: ObjectStore,
         settings: OutputSettings,
         *,
-        registration: str,
-        retention_seconds: int,
         crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         self._crash = crash_hook or (lambda point: None)  # chaos tests: SIGKILL at a point
         self.store = store
         self.objects = objects
         self.settings = settings
-        self._registration = registration
-        self._retention = str(retention_seconds)
         self._background: set[asyncio.Task[None]] = set()  # claims ended after a lost reply
         self.uploads: dict[str, int] = {}  # tenant -> uploads through this process running
+        self.records = OutputRecords(store.client, store.batcher)  # the outputs hashes
+        self.ledger = OutputLedger(self.records, objects)  # what each tenant has in the store
 
     # -- the fenced scripts -------------------------------------------------------
 
@@ -128,55 +136,190 @@ class OutputService:
         presigned: bool,
         content_type: str,
         seconds: float,
+        upload: str,
         by: str = "",
-    ) -> tuple[str, str, int]:
-        """The stage decision; ``(upload id, key, deadline ms)`` or the typed refusal. ``by``:
-        who calls, recorded with an implicit registration."""
+    ) -> tuple[str, int]:
+        """The stage decision for ``upload``; ``(key, deadline ms)`` or the typed refusal.
+        ``by``: who calls, recorded with an implicit registration."""
         key = output_key(keys.tenant, keys.job_id, gen, name)
-        upload = secrets.token_hex(8)
+        flag = self.store.unaudited_flag(keys.tenant)
         try:
-            reply = await self.store.script(
-                "output-stage-3",
+            reply = await self.store.output_stage(
                 keys,
-                (keys.job, keys.outputs, keys.audit),
-                (str(gen), self._registration, name, key, upload, str(int(seconds * 1000)),
-                 "1" if presigned else "0", keys.job_id, keys.tenant, worker_id,
-                 self._retention, content_type, by),
-            )  # fmt: skip
+                generation=gen,
+                name=name,
+                object_key=key,
+                upload=upload,
+                upload_ms=int(seconds * 1000),
+                presigned=presigned,
+                worker_id=worker_id,
+                content_type=content_type,
+                by=by,
+                unaudited=flag,
+            )
         except StoreUnavailable:
             if not presigned:  # it may have run: its claim would lock the output until then
                 self._abandon_soon(keys, gen, name, upload)
             raise
         code = int(reply[0])
-        if code == 9:
+        if code == OutputStageReply.REJECTED:
+            self.store.rejection_spent(keys, f"output:{name}", flag, worker_id)
             raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
-        if code == 2:
+        if code == OutputStageReply.IN_PROGRESS:
             retry = max(1, -(-int(reply[1]) // 1000))
             raise OutputInProgress(
                 f"an upload of {name!r} by generation {gen} is still running",
                 retry_after=retry,
             )
-        return upload, key, int(reply[2])
+        return key, int(reply[2])
 
-    async def _record(
-        self, keys: JobKeys, gen: int, name: str, upload: str, worker_id: str, *,
-        size: int = 0, sha256: str = "", content_type: str = "", etag: str = "",
-        abandon: bool = False,
-    ) -> OutputEntry | None:  # fmt: skip
-        """The record (or, ``abandon``, the end of a failed upload's claim). None: lost."""
-        reply = await self.store.script(
-            "output-record-3",
+    async def _charged_stage(
+        self,
+        keys: JobKeys,
+        gen: int,
+        name: str,
+        worker_id: str,
+        *,
+        quotas: Quotas | None,
+        amount: int,
+        at_least: int | None = None,
+        presigned: bool,
+        content_type: str,
+        seconds: float,
+        by: str,
+    ) -> tuple[str, str, int, int]:
+        """Reserve ``amount`` (else ``at_least``) for a new upload of the output, then stage
+        it: ``(upload id, key, deadline ms, bytes reserved)``. A new pre-signed URL takes
+        over the reservation of the URL it replaces (one object at the key). A refused
+        stage gives the reservation back."""
+        key = output_key(keys.tenant, keys.job_id, gen, name)
+        upload = secrets.token_hex(8)
+        # a put never takes over a URL's reservation (that URL may still write before the
+        # put's bytes land): a reconciliation gives it back once the put replaced the entry
+        prior = await self.entry(keys, gen, name) if presigned else None
+        replaced = (
+            prior.upload
+            if prior is not None and prior.state == "staged" and prior.presigned
+            else ""
+        )
+        try:
+            reserved = await self._reserve(
+                quotas,
+                keys,
+                name,
+                key,
+                upload,
+                amount,
+                worker_id,
+                at_least=at_least,
+                replaces=replaced if presigned else "",
+            )
+        except QuotaExceeded:
+            if await self._fenced_out(keys, gen):  # the fence's answer first (audited 409)
+                await self._stage(
+                    keys,
+                    gen,
+                    name,
+                    worker_id,
+                    presigned=presigned,
+                    content_type=content_type,
+                    seconds=seconds,
+                    upload=upload,
+                    by=by,
+                )
+                await self._abandon(keys, gen, name, upload)  # not reached: terminal refusals
+            raise
+        try:
+            _, deadline = await self._stage(
+                keys,
+                gen,
+                name,
+                worker_id,
+                presigned=presigned,
+                content_type=content_type,
+                seconds=seconds,
+                upload=upload,
+                by=by,
+            )
+        except BaseException:
+            await asyncio.shield(self.ledger.settle(keys.tenant, key, upload, None))
+            raise
+        return upload, key, deadline, reserved
+
+    async def _fenced_out(self, keys: JobKeys, gen: int) -> bool:
+        """Whether the fence refuses ``gen`` for good (below it, or the job cancelled or
+        completed): the stage script refuses it then, whatever it is run after."""
+        state = await self.records.fence(keys)
+        return (
+            state.cancelled
+            or bool(state.completed)
+            or (state.fence is not None and gen < state.fence)
+        )
+
+    async def _reserve(
+        self,
+        quotas: Quotas | None,
+        keys: JobKeys,
+        name: str,
+        key: str,
+        upload: str,
+        amount: int,
+        worker_id: str,
+        *,
+        at_least: int | None = None,
+        replaces: str = "",
+    ) -> int:
+        if quotas is None:  # no caps (a caller without the app's quotas): still counted
+            await self.ledger.reserve(keys.tenant, key, upload, amount, 0, 0, replaces=replaces)
+            return amount
+        return await quotas.reserve_output(
+            self.ledger,
             keys,
-            (keys.job, keys.outputs, keys.audit),
-            (str(gen), name, upload, str(size), sha256, content_type, etag, keys.job_id,
-             keys.tenant, worker_id, self._retention, "abandon" if abandon else "record"),
-        )  # fmt: skip
+            name,
+            key,
+            upload,
+            amount,
+            at_least=at_least,
+            replaces=replaces,
+            worker_id=worker_id,
+        )
+
+    async def record_upload(
+        self,
+        keys: JobKeys,
+        gen: int,
+        name: str,
+        upload: str,
+        worker_id: str,
+        *,
+        size: int = 0,
+        sha256: str = "",
+        content_type: str = "",
+        etag: str = "",
+        abandon: bool = False,
+    ) -> OutputRecord | None:
+        """Record the upload ``upload`` of output ``name`` of generation ``gen`` under the
+        fence (``output-record-3``), or, ``abandon``, end a failed upload's claim. None: a later
+        upload replaced it; a fence's refusal raises its typed error (audited)."""
+        reply = await self.store.output_record(
+            keys,
+            generation=gen,
+            name=name,
+            upload=upload,
+            size=size,
+            sha256=sha256,
+            content_type=content_type,
+            etag=etag,
+            worker_id=worker_id,
+            abandon=abandon,
+        )
         code = int(reply[0])
-        if code == 9:
+        if code == OutputRecordReply.REJECTED:
+            self.store.rejection_spent(keys, f"output:{name}", "", worker_id)  # always audited
             raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
-        if code == 1:
+        if code == OutputRecordReply.LOST:
             return None
-        return OutputEntry.parse(f"{gen}/{name}", str(reply[1]))
+        return OutputRecord.parse(f"{gen}/{name}", str(reply[1]))
 
     def _abandon_soon(self, keys: JobKeys, gen: int, name: str, upload: str) -> None:
         """A stage or record whose reply never came may have run: end that upload's claim
@@ -188,7 +331,7 @@ class OutputService:
             for delay in (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
                 await asyncio.sleep(delay)
                 try:
-                    await self._record(keys, gen, name, upload, "", abandon=True)
+                    await self.record_upload(keys, gen, name, upload, "", abandon=True)
                     return
                 except StoreUnavailable:
                     continue
@@ -201,10 +344,23 @@ class OutputService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _clean_up_failed(
+        self, keys: JobKeys, gen: int, name: str, upload: str, key: str
+    ) -> None:
+        """A failed or cut upload: its partial bytes removed (before the claim is freed), its
+        claim ended, its charge given back (an object it replaces is still there)."""
+        with contextlib.suppress(ObjectStoreError):
+            await self.objects.discard_partial(key)
+        await self._abandon(keys, gen, name, upload)
+        await self.ledger.settle(keys.tenant, key, upload, None)
+
     async def _abandon(self, keys: JobKeys, gen: int, name: str, upload: str) -> None:
-        """Best effort: a failed upload frees its claim at once, not at its deadline."""
+        """A failed upload frees its claim at once, not at its deadline; if Redis does not
+        answer now, as soon as it does (:meth:`_abandon_soon`)."""
         try:
-            await asyncio.shield(self._record(keys, gen, name, upload, "", abandon=True))
+            await asyncio.shield(self.record_upload(keys, gen, name, upload, "", abandon=True))
+        except StoreUnavailable:
+            self._abandon_soon(keys, gen, name, upload)
         except Exception as exc:  # the claim still ends at its deadline
             log.warning("output_abandon_failed", job_id=keys.job_id, name=name, error=str(exc))
 
@@ -221,9 +377,11 @@ class OutputService:
         content_length: int | None,
         worker_id: str = "",
         by: str = "",
-    ) -> OutputEntry:
+        quotas: Quotas | None = None,
+    ) -> OutputRecord:
         """Stage, stream ``body`` to the attempt-scoped key (hashing it), record. At most
-        ``outputs.uploads_per_tenant`` of a tenant run at once in this process (429)."""
+        ``outputs.uploads_per_tenant`` of a tenant run at once in this process (429). The
+        object is charged to the tenant's output quotas, capped by ``quotas``' caps."""
         limit = self.settings.max_bytes
         if content_length is not None and content_length > limit:
             raise PayloadTooLarge(f"an output may be at most {limit} bytes")
@@ -238,9 +396,16 @@ class OutputService:
         self.uploads[tenant] = self.uploads.get(tenant, 0) + 1
         try:
             return await self._put(
-                keys, gen, name, body, content_type=content_type,
-                content_length=content_length, worker_id=worker_id, by=by,
-            )  # fmt: skip
+                keys,
+                gen,
+                name,
+                body,
+                content_type=content_type,
+                content_length=content_length,
+                worker_id=worker_id,
+                by=by,
+                quotas=quotas,
+            )
         finally:
             if (left := self.uploads[tenant] - 1) > 0:
                 self.uploads[tenant] = left
@@ -258,7 +423,8 @@ class OutputService:
         content_length: int | None,
         worker_id: str,
         by: str,
-    ) -> OutputEntry:
+        quotas: Quotas | None,
+    ) -> OutputRecord:
         limit = self.settings.max_bytes
         space = self.objects.space
         if space is not None and not space.room_for(content_length or 0):
@@ -269,20 +435,40 @@ class OutputService:
         # before the claim does even when the stage's reply is late: a retry of the same
         # generation (allowed once the claim ended) never races this put on the key.
         cutoff = asyncio.get_running_loop().time() + seconds - min(seconds / 10, 30.0)
-        upload, key, _ = await self._stage(
-            keys, gen, name, worker_id, presigned=False, content_type=content_type,
-            seconds=seconds, by=by,
-        )  # fmt: skip
+        # a chunked body: a first step, or less if that is what the tenant has left
+        chunked = content_length is None
+        upload, key, _, reserved = await self._charged_stage(
+            keys,
+            gen,
+            name,
+            worker_id,
+            quotas=quotas,
+            amount=min(OUTPUT_STEP, limit) if chunked else content_length or 0,
+            at_least=0 if chunked else None,
+            presigned=False,
+            content_type=content_type,
+            seconds=seconds,
+            by=by,
+        )
         digest = hashlib.sha256()
         total = 0
 
         async def hashed() -> AsyncIterator[bytes]:
-            nonlocal total
+            nonlocal total, reserved
             unchecked = 0
             async for chunk in body:
                 total += len(chunk)
                 if total > limit:
                     raise _TooLarge
+                if total > reserved:  # a chunked body: reserve the next step (or these bytes)
+                    need = total - reserved
+                    step = min(max(OUTPUT_STEP, need), limit - reserved)
+                    try:
+                        reserved += await self._reserve(
+                            quotas, keys, name, key, upload, step, worker_id, at_least=need
+                        )
+                    except QuotaExceeded as exc:
+                        raise _OverQuota(exc) from None
                 if space is not None:
                     unchecked += len(chunk)
                     if unchecked >= CHECK_EVERY:
@@ -299,9 +485,11 @@ class OutputService:
             async with asyncio.timeout_at(cutoff):
                 etag = await self.objects.put_stream(key, hashed(), content_type)
         except BaseException as exc:
-            with contextlib.suppress(ObjectStoreError):  # before the claim is freed
-                await self.objects.discard_partial(key)
-            await self._abandon(keys, gen, name, upload)
+            # one shielded clean-up: a request cancelled again while it runs (a client that
+            # hung up, a shutdown) must still free the claim, not leave it to the deadline
+            await asyncio.shield(self._clean_up_failed(keys, gen, name, upload, key))
+            if isinstance(exc, _OverQuota):
+                raise exc.problem from None
             if isinstance(exc, _TooLarge):
                 raise PayloadTooLarge(f"an output may be at most {limit} bytes") from None
             if isinstance(exc, _NoSpace):
@@ -317,13 +505,24 @@ class OutputService:
             raise
         self._crash("after_output_write")  # the object is written, not recorded
         try:
-            entry = await self._record(
-                keys, gen, name, upload, worker_id, size=total, sha256=digest.hexdigest(),
-                content_type=content_type, etag=etag,
-            )  # fmt: skip
+            entry = await self.record_upload(
+                keys,
+                gen,
+                name,
+                upload,
+                worker_id,
+                size=total,
+                sha256=digest.hexdigest(),
+                content_type=content_type,
+                etag=etag,
+            )
         except StoreUnavailable:
             self._abandon_soon(keys, gen, name, upload)  # a no-op if the record ran
             raise
+        finally:
+            # recorded, refused by the fence (an orphan until swept) or replaced: these
+            # bytes are at the key now, charged until the object is deleted
+            await asyncio.shield(self.ledger.settle(keys.tenant, key, upload, total))
         if entry is None:
             raise OutputInProgress(
                 f"a later upload of {name!r} by generation {gen} replaced this one"
@@ -331,23 +530,41 @@ class OutputService:
         return entry
 
     async def upload_url(
-        self, keys: JobKeys, gen: int, name: str, *, content_type: str, worker_id: str = "",
+        self,
+        keys: JobKeys,
+        gen: int,
+        name: str,
+        *,
+        content_type: str,
+        worker_id: str = "",
         by: str = "",
-    ) -> tuple[str, str, int]:  # fmt: skip
-        """The same stage decision, then a pre-signed PUT URL: ``(url, key, expires ms)``."""
+        quotas: Quotas | None = None,
+    ) -> tuple[str, str, int]:
+        """The same stage decision, then a pre-signed PUT URL: ``(url, key, expires ms)``.
+        ``outputs.max_bytes`` is reserved for it until it is recorded (at completion)."""
         if not self.objects.can_sign:
             raise UploadUrlUnsupported(
                 f"the {self.objects.kind!r} object store cannot sign URLs: upload with "
                 "PUT /v1/jobs/{job}/outputs/{name} through the gateway instead"
             )
         seconds = min(self.settings.upload_timeout_seconds, 7 * 86_400)
-        _, key, deadline = await self._stage(
-            keys, gen, name, worker_id, presigned=True, content_type=content_type,
-            seconds=seconds, by=by,
-        )  # fmt: skip
+        # the reservation of a URL it replaces is taken over: one object at the key
+        upload, key, deadline, _ = await self._charged_stage(
+            keys,
+            gen,
+            name,
+            worker_id,
+            quotas=quotas,
+            amount=self.settings.max_bytes,
+            presigned=True,
+            content_type=content_type,
+            seconds=seconds,
+            by=by,
+        )
         try:
             url = await self.objects.sign("PUT", key, seconds)
         except ObjectStoreError as exc:
+            await self.ledger.settle(keys.tenant, key, upload, None)  # no URL: no bytes
             raise ObjectStoreUnavailable(str(exc)) from exc
         return url, key, deadline
 
@@ -356,28 +573,26 @@ class OutputService:
     ) -> list[str]:
         """Record the presigned uploads of ``generation`` among ``names`` (module docstring;
         :func:`gateway.fencing.outputs_presigned.record_presigned`)."""
-        from gateway.fencing.outputs_presigned import record_presigned
-
         return await record_presigned(self, tenant, job, generation, names)
 
     # -- reads ---------------------------------------------------------------------
 
-    async def entries(self, keys: JobKeys) -> list[OutputEntry]:
-        raw: dict[str, str] = await _redis(self.store.client.hgetall(keys.outputs))
+    async def entries(self, keys: JobKeys) -> list[OutputRecord]:
+        raw = await self.records.entries(keys)
         return sorted(
-            (OutputEntry.parse(_s(f), _s(v)) for f, v in raw.items()),
+            (OutputRecord.parse(f, v) for f, v in raw.items()),
             key=lambda e: (e.generation, e.name),
         )
 
-    async def entry(self, keys: JobKeys, gen: int, name: str) -> OutputEntry | None:
-        raw = await _redis(self.store.client.hget(keys.outputs, f"{gen}/{name}"))
-        return None if raw is None else OutputEntry.parse(f"{gen}/{name}", _s(raw))
+    async def entry(self, keys: JobKeys, gen: int, name: str) -> OutputRecord | None:
+        raw = await self.records.entry(keys, f"{gen}/{name}")
+        return None if raw is None else OutputRecord.parse(f"{gen}/{name}", raw)
 
     async def completion(self, keys: JobKeys) -> dict[str, Any] | None:
-        raw = await _redis(self.store.client.hget(keys.job, "completed"))
+        raw = await self.records.completion(keys)
         return None if raw is None else dict(json.loads(raw))
 
-    async def promoted(self, keys: JobKeys, name: str) -> OutputEntry:
+    async def promoted(self, keys: JobKeys, name: str) -> OutputRecord:
         """The record of the promoted output ``name``; 404 before completion."""
         done = await self.completion(keys)
         if done is None:
@@ -396,7 +611,7 @@ class OutputService:
 
     async def open_promoted(
         self, keys: JobKeys, name: str
-    ) -> tuple[OutputEntry, AsyncIterator[bytes]]:
+    ) -> tuple[OutputRecord, AsyncIterator[bytes]]:
         """The promoted object of ``name`` and its bytes, checked against the recorded etag
         (an object replaced behind the gateway's back is refused, never served)."""
         entry = await self.promoted(keys, name)
@@ -404,14 +619,14 @@ class OutputService:
 
     async def open_staged(
         self, keys: JobKeys, gen: int, name: str
-    ) -> tuple[OutputEntry, AsyncIterator[bytes]]:
+    ) -> tuple[OutputRecord, AsyncIterator[bytes]]:
         """Any generation's staged or recorded object (auditors investigating a zombie)."""
         entry = await self.entry(keys, gen, name)
         if entry is None:
             raise NotFound(f"generation {gen} staged no output {name!r}")
         return entry, await self._open(entry, if_match="")
 
-    async def _open(self, entry: OutputEntry, *, if_match: str) -> AsyncIterator[bytes]:
+    async def _open(self, entry: OutputRecord, *, if_match: str) -> AsyncIterator[bytes]:
         try:
             opened = await self.objects.open(entry.key, if_match=if_match)
         except PreconditionFailed as exc:
@@ -426,7 +641,7 @@ class OutputService:
             raise NotFound(f"the object of output {entry.name!r} is not in the store (swept?)")
         return opened[2]
 
-    async def promoted_current(self, keys: JobKeys, name: str) -> OutputEntry:
+    async def promoted_current(self, keys: JobKeys, name: str) -> OutputRecord:
         """The promoted record of ``name`` after checking that the stored object is still the
         recorded one (a redirect must not send a reader to bytes the completion never saw);
         sign its URL with :meth:`read_url`. The URL stays a window: a replacement after this
@@ -446,12 +661,8 @@ class OutputService:
             )
         return entry
 
-    async def read_url(self, entry: OutputEntry, seconds: float) -> str:
+    async def read_url(self, entry: OutputRecord, seconds: float) -> str:
         try:
             return await self.objects.sign("GET", entry.key, seconds)
         except ObjectStoreError as exc:
             raise ObjectStoreUnavailable(str(exc)) from exc
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -9,6 +9,10 @@ than ``outputs.max_bytes`` (its HEAD, or the bytes read) is deleted, its claim e
 nothing is recorded and the completion is answered ``413 payload_too_large``. Nothing else
 is decided here: a record the fence refuses is left to the completion script, which
 refuses and audits the completion itself.
+
+The output quotas: the URL's reservation (``outputs.max_bytes``) is settled to the object's
+size once it is read (recorded or not: the object is in the store), and an oversized object
+deleted here is given back.
 """
 
 from __future__ import annotations
@@ -16,32 +20,58 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn, Protocol
 
 import structlog
-from redis.exceptions import RedisError
 
 from gateway.core.errors import (
     FencegateError,
     ObjectStoreUnavailable,
     PayloadTooLarge,
     Rejection,
-    StoreUnavailable,
 )
-from gateway.objects import ObjectStoreError
+from gateway.core.records import OutputRecord
+from gateway.fencing.output_ledger import OutputLedger
+from gateway.objects import ObjectStore, ObjectStoreError
+from gateway.runtime.settings import OutputSettings
 from gateway.store.keys import JobKeys
+from gateway.store.output_records import OutputRecords
 
-if TYPE_CHECKING:
-    from gateway.fencing.output_entry import OutputEntry
-    from gateway.fencing.outputs import OutputService
+__all__ = ["PresignedOutputs", "record_presigned"]
 
-__all__ = ["record_presigned"]
+
+class PresignedOutputs(Protocol):
+    """What recording a presigned upload needs of the output service
+    (:class:`gateway.fencing.outputs.OutputService`, which calls it)."""
+
+    settings: OutputSettings
+    objects: ObjectStore
+    ledger: OutputLedger
+    records: OutputRecords
+
+    async def entry(self, keys: JobKeys, gen: int, name: str) -> OutputRecord | None: ...
+
+    async def record_upload(
+        self,
+        keys: JobKeys,
+        gen: int,
+        name: str,
+        upload: str,
+        worker_id: str,
+        *,
+        size: int = 0,
+        sha256: str = "",
+        content_type: str = "",
+        etag: str = "",
+        abandon: bool = False,
+    ) -> OutputRecord | None: ...
+
 
 log = structlog.get_logger("fencegate.outputs")
 
 
 async def _refuse_oversized(
-    service: OutputService, keys: JobKeys, generation: int, entry: OutputEntry, size: int
+    service: PresignedOutputs, keys: JobKeys, generation: int, entry: OutputRecord, size: int
 ) -> NoReturn:
     """A presigned upload larger than ``outputs.max_bytes`` (a signed URL carries no length
     bound): the object is deleted, its claim ends, nothing is recorded; 413."""
@@ -51,8 +81,11 @@ async def _refuse_oversized(
         await service.objects.delete(entry.key)
     except ObjectStoreError as exc:  # the sweeper deletes it later (never recorded: an orphan)
         log.warning("output_delete_failed", key=entry.key, error=str(exc))
+        await service.ledger.settle(keys.tenant, entry.key, entry.upload, size)
+    else:
+        await service.ledger.released(keys.tenant, [entry.key], [f"{entry.key} {entry.upload}"])
     with contextlib.suppress(FencegateError):
-        await service._record(keys, generation, name, entry.upload, "", abandon=True)
+        await service.record_upload(keys, generation, name, entry.upload, "", abandon=True)
     raise PayloadTooLarge(
         f"the object uploaded for output {name!r} has {size} bytes; an output may be at most "
         f"{limit} bytes (outputs.max_bytes): it was deleted and nothing was recorded"
@@ -60,17 +93,12 @@ async def _refuse_oversized(
 
 
 async def record_presigned(
-    service: OutputService, tenant: str, job: str, generation: int, names: Sequence[str]
+    service: PresignedOutputs, tenant: str, job: str, generation: int, names: Sequence[str]
 ) -> list[str]:
     """Record the presigned uploads of ``generation`` among ``names`` (module docstring)."""
     keys = JobKeys(tenant, job)
-    try:
-        fence, cancelled, completed = await service.store.client.hmget(
-            keys.job, "fence", "cancelled", "completed"
-        )
-    except (RedisError, OSError) as exc:
-        raise StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}") from exc
-    if cancelled or completed or fence is None or int(fence) != generation:
+    state = await service.records.fence(keys)
+    if state.cancelled or state.completed or state.fence != generation:
         return []  # the completion script refuses it (and audits) by itself
     done: list[str] = []
     for name in names:
@@ -95,12 +123,20 @@ async def record_presigned(
                     await _refuse_oversized(service, keys, generation, entry, size)
         except ObjectStoreError as exc:
             raise ObjectStoreUnavailable(str(exc)) from exc
+        # these bytes are at the key, recorded below or not: charged until deleted
+        await service.ledger.settle(tenant, entry.key, entry.upload, size)
         try:
-            recorded = await service._record(
-                keys, generation, name, entry.upload, entry.worker_id, size=size,
-                sha256=digest.hexdigest(), content_type=ctype or entry.content_type,
+            recorded = await service.record_upload(
+                keys,
+                generation,
+                name,
+                entry.upload,
+                entry.worker_id,
+                size=size,
+                sha256=digest.hexdigest(),
+                content_type=ctype or entry.content_type,
                 etag=info.etag,
-            )  # fmt: skip
+            )
         except Rejection as exc:  # refused by the fence: the completion script decides
             log.info("output_record_refused", job_id=job, name=name, reason=str(exc))
             continue

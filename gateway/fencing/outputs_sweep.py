@@ -30,6 +30,10 @@ generation may retry and write the same key right now; the moment the fence move
 it or the job completes or is cancelled, they fall into a deletable class. ``unknown``
 ones are left for an operator (docs/outputs.md). Every orphan is either deleted or
 counted in ``fencegate_output_orphans``.
+
+What it deletes leaves the tenant's output quotas (:class:`gateway.fencing.output_ledger.
+OutputLedger`): an object's charge and the reservation of the upload its entry names, a
+staging file's upload reservation.
 """
 
 from __future__ import annotations
@@ -42,14 +46,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from redis.exceptions import RedisError
 
 from gateway.core.errors import StoreUnavailable
-from gateway.fencing.output_entry import OutputEntry
+from gateway.core.records import OutputRecord
 from gateway.fencing.outputs import OutputService
 from gateway.objects import ObjectInfo, ObjectStoreError, parse_output_key, staged_key
 from gateway.runtime.metrics import Metrics
-from gateway.store.keys import MARKER, JobKeys
+from gateway.store.keys import JobKeys
 
 __all__ = ["DELETED_REASONS", "REASONS", "Orphan", "SweepReport", "sweep"]
 
@@ -66,6 +69,7 @@ class Orphan:
     size: int
     age_seconds: float
     deletable: bool  # its class is deletable and it is older than the grace
+    upload: str = ""  # the upload its output's entry names, if the entry is of this key
 
 
 @dataclass
@@ -90,22 +94,17 @@ class _JobState:
     fence: int | None
     cancelled: bool
     completed: dict[str, Any] | None
-    entries: dict[str, OutputEntry]
+    entries: dict[str, OutputRecord]
 
 
 async def _job_state(outputs: OutputService, keys: JobKeys) -> _JobState:
-    pipe = outputs.store.client.pipeline(transaction=False)
-    pipe.exists(keys.marker)
-    pipe.hmget(keys.job, "fence", "cancelled", "completed")
-    pipe.hgetall(keys.outputs)
-    marker, (fence, cancelled, completed), raw = await pipe.execute()
-    entries = {f: OutputEntry.parse(f, v) for f, v in dict(raw).items()}
+    job = await outputs.records.job(keys)
     return _JobState(
-        marker=bool(marker),
-        fence=int(fence) if fence is not None else None,
-        cancelled=cancelled == "1",
-        completed=json.loads(completed) if completed else None,
-        entries=entries,
+        marker=job.marker,
+        fence=job.fence.fence,
+        cancelled=job.fence.cancelled,
+        completed=json.loads(job.fence.completed) if job.fence.completed else None,
+        entries={f: OutputRecord.parse(f, v) for f, v in job.entries.items()},
     )
 
 
@@ -163,44 +162,43 @@ async def sweep(
     """One sweep of the whole store (see the module docstring)."""
     now = now or datetime.now(UTC)
     now_ms = int(now.timestamp() * 1000)
-    client = outputs.store.client
+    if not await outputs.records.initialised():
+        raise StoreUnavailable(
+            "Redis has no fencegate durability marker: it may have lost fences and "
+            "completions, so the sweeper deletes nothing (fencegate init first)"
+        )
+    report = SweepReport()
+    jobs: dict[tuple[str, str], list[tuple[int, str, ObjectInfo]]] = defaultdict(list)
     try:
-        if not await client.exists(MARKER):
-            raise StoreUnavailable(
-                "Redis has no fencegate durability marker: it may have lost fences and "
-                "completions, so the sweeper deletes nothing (fencegate init first)"
-            )
-        report = SweepReport()
-        jobs: dict[tuple[str, str], list[tuple[int, str, ObjectInfo]]] = defaultdict(list)
-        try:
-            async for info in outputs.objects.list():
-                parsed = parse_output_key(info.key)
-                if parsed is None:
-                    report.foreign += 1
-                    continue
+        async for info in outputs.objects.list():
+            parsed = parse_output_key(info.key)
+            if parsed is None:
+                report.foreign += 1
+                continue
+            tenant, job, gen, name = parsed
+            jobs[(tenant, job)].append((gen, name, info))
+        for info in await outputs.objects.staging():
+            parsed = parse_output_key(staged_key(info.key) or "")
+            if parsed is not None:
                 tenant, job, gen, name = parsed
                 jobs[(tenant, job)].append((gen, name, info))
-            for info in await outputs.objects.staging():
-                parsed = parse_output_key(staged_key(info.key) or "")
-                if parsed is not None:
-                    tenant, job, gen, name = parsed
-                    jobs[(tenant, job)].append((gen, name, info))
-        except ObjectStoreError as exc:
-            log.error("output_sweep_list_failed", error=str(exc))
-            raise
-        for (tenant, job), objects in jobs.items():
-            state = await _job_state(outputs, JobKeys(tenant, job))
-            for gen, name, info in objects:
-                judge = classify_staging if "#" in info.key else classify
-                reason = judge(gen, name, info, state, now_ms)
-                if reason is None:
-                    report.kept += 1
-                    continue
-                age = max(0.0, (now - info.last_modified).total_seconds())
-                deletable = reason in DELETED_REASONS and age >= grace_seconds
-                report.orphans.append(Orphan(info.key, reason, info.size, age, deletable))
-    except (RedisError, OSError) as exc:
-        raise StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}") from exc
+    except ObjectStoreError as exc:
+        log.error("output_sweep_list_failed", error=str(exc))
+        raise
+    for (tenant, job), objects in jobs.items():
+        state = await _job_state(outputs, JobKeys(tenant, job))
+        for gen, name, info in objects:
+            judge = classify_staging if "#" in info.key else classify
+            reason = judge(gen, name, info, state, now_ms)
+            if reason is None:
+                report.kept += 1
+                continue
+            age = max(0.0, (now - info.last_modified).total_seconds())
+            deletable = reason in DELETED_REASONS and age >= grace_seconds
+            entry = state.entries.get(f"{gen}/{name}")
+            target = staged_key(info.key) or info.key
+            upload = entry.upload if entry is not None and entry.key == target else ""
+            report.orphans.append(Orphan(info.key, reason, info.size, age, deletable, upload))
     if not dry_run:
         await _delete(outputs, [o for o in report.orphans if o.deletable], report, metrics)
     if metrics is not None:
@@ -211,6 +209,7 @@ async def sweep(
 async def _delete(
     outputs: OutputService, doomed: Iterable[Orphan], report: SweepReport, metrics: Metrics | None
 ) -> None:
+    freed: dict[str, tuple[list[str], list[str]]] = defaultdict(lambda: ([], []))
     for orphan in doomed:
         try:
             if "#" in orphan.key:  # a local staging file (never a key of an object)
@@ -222,13 +221,26 @@ async def _delete(
             log.warning("output_orphan_delete_failed", key=orphan.key, error=str(exc))
             continue
         report.deleted.append(orphan)
+        key = staged_key(orphan.key) or orphan.key
+        parsed = parse_output_key(key)
+        if parsed is not None:
+            objects, uploads = freed[parsed[0]]
+            if "#" not in orphan.key:
+                objects.append(key)
+            if orphan.upload:
+                uploads.append(f"{key} {orphan.upload}")
         log.info(
-            "output_orphan_deleted", key=orphan.key, reason=orphan.reason, bytes=orphan.size,
+            "output_orphan_deleted",
+            key=orphan.key,
+            reason=orphan.reason,
+            bytes=orphan.size,
             age_seconds=round(orphan.age_seconds, 3),
-        )  # fmt: skip
+        )
         if metrics is not None:
             metrics.orphans_deleted.labels(orphan.reason).inc()
             metrics.orphan_age_seconds.observe(orphan.age_seconds)
+    for tenant, (objects, uploads) in freed.items():
+        await outputs.ledger.released(tenant, objects, uploads)
 
 
 def _export(metrics: Metrics, report: SweepReport) -> None:

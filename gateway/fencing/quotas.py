@@ -19,7 +19,9 @@ crosses a slot on Redis Cluster):
   ``fg:quota:{<tenant>}:rj:<window>``, and the metric ``fencegate_quota_rejections`` (always,
   ``audited`` true/false). Past the cap a rejection is still answered as before (409/422,
   nothing written) but no longer audited one by one, so a zombie flood cannot grow the audit
-  streams without bound; it never spends or closes the effects quota.
+  streams without bound: the feed gets a summary instead (``quota_exceeded``, ``quota =
+  rejections_per_window``, at most one a second with the count it stands for, as below); it
+  never spends or closes the effects quota. On by default (10,000 per tenant per hour).
 * **stored payload bytes** — async payloads held in Redis for the relay, each charged its
   size plus 1 KiB, reserved before the decision and settled after it:
   ``fg:quota:{<tenant>}:held`` (``[job, step]`` -> charge) and its sum
@@ -48,6 +50,35 @@ crosses a slot on Redis Cluster):
   until the job's checkpoints expire) and for a process that died between a reservation and
   its settlement (that reservation, at most one checkpoint per write in flight).
 
+* **stored output bytes and objects** — every object of the tenant in the output store
+  (:mod:`gateway.fencing.outputs`), staged, recorded or promoted, charged its size and one
+  object (``quotas.output_bytes``, ``quotas.output_objects``), with or without the effect
+  hook, by :class:`OutputLedger`: ``fg:quota:{<tenant>}:out`` (object key -> the bytes of
+  the object stored there), ``fg:quota:{<tenant>}:out_up`` (``"<object key> <upload id>"``
+  -> the bytes reserved for that upload while it runs) and their sum
+  ``fg:quota:{<tenant>}:out_bytes``; the objects counted are the two hashes' fields (an
+  upload replacing an object already charged adds none). The charge is keyed by the
+  object's key, so an upload sent again under the same name and generation replaces its
+  own charge instead of adding one. An upload reserves before the stage script runs (the
+  ``Content-Length``; a chunked body ``OUTPUT_STEP`` at a time as its bytes arrive,
+  refused mid-stream when over; a pre-signed URL ``outputs.max_bytes``, the bound of its
+  signature) and settles after it: recorded, written but refused by the fence, or replaced
+  by a later upload, the object's key holds its exact size (it is in the store); failed,
+  short, cut or refused before a byte, the reservation is given back. The sweeper gives
+  back what it deletes. A pre-signed upload settles when it is recorded (at completion);
+  an oversized one is deleted and given back. No TTL: an object stays charged as long as
+  it may be in the store. At the cap (after one reconciliation) the upload is refused,
+  nothing stored. Reconciliation (at most once a second per tenant, when it reaches a cap)
+  lists the tenant's objects once: a charged key no longer in the store is given back, a
+  reservation whose upload is no longer running (its entry in the job's outputs hash names
+  another upload, is recorded, or its deadline passed) is given back, and its object, if
+  there, charged at its listed size. Bound: never less than what is stored through the
+  gateway (each object is charged before its bytes are written and given back only after
+  it is deleted); more by the reservation of a process killed mid-upload (its
+  ``Content-Length`` or ``outputs.max_bytes`` at most, per upload it had running, until
+  the upload's deadline passes and the tenant reaches a cap) and by one object per upload
+  running over an object already stored.
+
 The counters go through the store's auto-pipeline (:attr:`Store.batcher`): a charge is
 queued with the reply's tick and not waited for. Over a cap: ``429 quota_exceeded`` with
 ``Retry-After`` (the window's end; for payloads, ``retry_after_seconds``), audited in the
@@ -58,15 +89,11 @@ second (a flood is summarised by a ``suppressed`` count in the next entry).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from gateway.core.errors import QuotaExceeded, Rejection, StoreUnavailable, TooManyCheckpoints
 from gateway.core.records import (
@@ -76,84 +103,31 @@ from gateway.core.records import (
     OverQuota,
     Queued,
     Replay,
-    Unknown,
+    Unresolved,
 )
 from gateway.fencing.admission import OPEN, AdmitCall, Gate
+from gateway.fencing.output_ledger import OutputLedger
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import QuotaSettings
-from gateway.store.keys import JobKeys, audit_feed
+from gateway.store.keys import JobKeys
+from gateway.store.output_records import LedgerReply
+from gateway.store.quota_counters import Pool, QuotaCounters, Window
 from gateway.store.store import Store
 
-__all__ = ["CHECKPOINT_OVERHEAD", "PAYLOAD_OVERHEAD", "Caps", "CheckpointHold", "Quotas"]
+__all__ = [
+    "CHECKPOINT_OVERHEAD",
+    "OUTPUT_STEP",
+    "PAYLOAD_OVERHEAD",
+    "Caps",
+    "CheckpointHold",
+    "Quotas",
+]
 
 log = structlog.get_logger("fencegate.quotas")
 
 PAYLOAD_OVERHEAD = 1024  # the effect hash fields, the queue entry, the hint around a payload
 CHECKPOINT_OVERHEAD = 256  # a hash field's own cost in Redis, beyond its name and value
-
-# KEYS[1] counter; ARGV[1] amount, ARGV[2] cap (0: none), ARGV[3] ttl seconds
-_RESERVE = """
-local total = redis.call('INCRBY', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-local cap = tonumber(ARGV[2])
-if cap > 0 and total > cap then
-  redis.call('INCRBY', KEYS[1], -tonumber(ARGV[1]))
-  return -1
-end
-return total
-"""
-# KEYS[1] held hash, KEYS[2] held_bytes; ARGV[1] member, ARGV[2] charge, ARGV[3] '1': stored,
-# ARGV[4] ttl. Stored: the member now holds this charge (an earlier charge of it is given
-# back); not stored: the reservation is given back.
-_SETTLE = """
-if ARGV[3] == '1' then
-  local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  if old > 0 then redis.call('INCRBY', KEYS[2], -old) end
-else
-  redis.call('INCRBY', KEYS[2], -tonumber(ARGV[2]))
-end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-return 1
-"""
-# KEYS[1] the checkpoint charges per job, KEYS[2] ckpt_bytes; ARGV[1] job, ARGV[2] reserved,
-# ARGV[3] what the write stored (its charge minus the one it replaced; 0: nothing), ARGV[4]
-# ttl. The reservation becomes what was stored; the job's entry holds its checkpoints' charge.
-_SETTLE_CHECKPOINT = """
-local stored = tonumber(ARGV[3])
-local change = stored - tonumber(ARGV[2])
-if change ~= 0 and redis.call('INCRBY', KEYS[2], change) <= 0 then
-  redis.call('DEL', KEYS[2])  -- nothing stored, nothing reserved: no key left behind
-end
-if stored ~= 0 and redis.call('HINCRBY', KEYS[1], ARGV[1], stored) <= 0 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-return 1
-"""
-# KEYS[1] held hash, KEYS[2] held_bytes; ARGV: member, charge pairs whose payload is gone
-_DROP = """
-local freed = 0
-for i = 1, #ARGV, 2 do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    freed = freed + tonumber(ARGV[i + 1])
-  end
-end
-if freed > 0 then redis.call('INCRBY', KEYS[2], -freed) end
-return freed
-"""
-
-
-def _member(keys: JobKeys, step: str) -> str:
-    """A held payload's field: [job, step] (the tenant is in the key)."""
-    return json.dumps([keys.job_id, step], separators=(",", ":"))
-
-
-def _prefix(tenant: str) -> str:
-    return "fg:quota:{" + tenant + "}"
+OUTPUT_STEP = 1024 * 1024  # a chunked upload reserves this much more each time it passes
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +138,8 @@ class Caps:
     rejections: int
     payload: int
     checkpoint: int
+    output_bytes: int = 0
+    output_objects: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,24 +165,20 @@ class Quotas:
         *,
         retention_seconds: int,
     ) -> None:
-        self._client: aioredis.Redis = store.client
-        self._batcher = store.batcher
+        self._counters = QuotaCounters(
+            store.client,
+            store.batcher,
+            retention_seconds=retention_seconds,
+            window_ttl_seconds=settings.window_seconds + 60,
+        )
         self._settings = settings
         self._metrics = metrics
-        self._ttl = str(retention_seconds)
-        self._window_ttl = str(settings.window_seconds + 60)
-        self._scripts = {
-            name: (hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest(), src)
-            for name, src in (
-                ("reserve", _RESERVE),
-                ("settle", _SETTLE),
-                ("settle_checkpoint", _SETTLE_CHECKPOINT),
-                ("drop", _DROP),
-            )
-        }
         # (tenant, 'fx' | 'rj') -> (window index, the counter as this process last saw it)
-        self._seen: dict[tuple[str, str], tuple[int, int]] = {}
-        self._reconciled: dict[tuple[str, str], float] = {}
+        self._seen: dict[tuple[str, Window], tuple[int, int]] = {}
+        self._summaries: set[asyncio.Task[None]] = set()  # past-cap entries being written
+        # (tenant, 'fx' | 'rj') -> the window whose counter this process sent the TTL of
+        self._expiring: dict[tuple[str, Window], int] = {}
+        self._reconciled: dict[tuple[str, Pool], float] = {}
         self._audited: dict[tuple[str, str], tuple[float, int]] = {}
 
     def caps(self, tenant: str) -> Caps:
@@ -214,7 +186,12 @@ class Quotas:
         s = self._settings
         if own is None:
             return Caps(
-                s.effects_per_window, s.rejections_per_window, s.payload_bytes, s.checkpoint_bytes
+                s.effects_per_window,
+                s.rejections_per_window,
+                s.payload_bytes,
+                s.checkpoint_bytes,
+                s.output_bytes,
+                s.output_objects,
             )
         return Caps(
             s.effects_per_window if own.effects_per_window is None else own.effects_per_window,
@@ -223,22 +200,23 @@ class Quotas:
             else own.rejections_per_window,
             s.payload_bytes if own.payload_bytes is None else own.payload_bytes,
             s.checkpoint_bytes if own.checkpoint_bytes is None else own.checkpoint_bytes,
+            s.output_bytes if own.output_bytes is None else own.output_bytes,
+            s.output_objects if own.output_objects is None else own.output_objects,
         )
-
-    async def _call(self, script: str, keys: list[str], args: list[Any]) -> int:
-        sha, source = self._scripts[script]
-        try:
-            return int(await self._batcher.evalsha(sha, source, keys, [str(a) for a in args]))
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis did not answer the quota check: {exc}") from exc
 
     # -- the admission hook ----------------------------------------------------
 
     async def before(self, call: AdmitCall) -> Gate:
         caps = self.caps(call.keys.tenant)
+        if not (caps.effects or caps.rejections or (call.payload_bytes and caps.payload)):
+            return OPEN  # nothing of this call is capped (a sync call under a payload cap only)
         index, _ = self._window()
         closed = ""
-        for kind, cap, letter in (("fx", caps.effects, "e"), ("rj", caps.rejections, "r")):
+        windows: tuple[tuple[Window, int, str], ...] = (
+            ("fx", caps.effects, "e"),
+            ("rj", caps.rejections, "r"),
+        )
+        for kind, cap, letter in windows:
             if not cap:
                 continue
             seen = self._seen.get((call.keys.tenant, kind))
@@ -267,7 +245,7 @@ class Quotas:
             if isinstance(outcome, StoreUnavailable):
                 stored = bool(outcome.fields.get("may_have_been_queued"))
             await self._settle_payload(keys, call.step, charge, stored)
-        if isinstance(outcome, Replay | InProgress | Unknown):
+        if isinstance(outcome, Replay | InProgress | Unresolved):
             return  # nothing was written for this call: never charged
         index, left = self._window()
         caps = self.caps(tenant)
@@ -279,6 +257,9 @@ class Quotas:
             self._metrics.quota_rejections.labels(tenant, "true" if audited else "false").inc()
             if caps.rejections:
                 self._charge(tenant, "rj", index)
+            if not audited:  # past the cap: a summary entry (at most one a second)
+                who = {"worker_id": call.worker_id, "adapter": call.adapter}
+                await self.audit(keys, call.step, "rejections_per_window", **who)
         elif isinstance(outcome, OverQuota):
             who = {"worker_id": call.worker_id, "adapter": call.adapter}
             await self.audit(keys, call.step, outcome.quota, **who)
@@ -306,28 +287,21 @@ class Quotas:
         now = time.time()
         return int(now // size), max(1, int(size - now % size + 0.999))
 
-    def _key(self, tenant: str, kind: str, index: int) -> str:
-        return f"{_prefix(tenant)}:{kind}:{index}"
-
-    async def _count(self, tenant: str, kind: str, index: int) -> int:
+    async def _count(self, tenant: str, kind: Window, index: int) -> int:
         """The counter in Redis: the view of a window this process has not charged yet."""
-        try:
-            value = await self._batcher.execute("GET", self._key(tenant, kind, index))
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis did not answer the quota check: {exc}") from exc
-        count = int(value or 0)
+        count = await self._counters.count(tenant, kind, index)
         current = self._seen.get((tenant, kind))
         if current is None or current[0] != index or current[1] < count:
             self._seen[(tenant, kind)] = (index, count)
         return count
 
-    def _charge(self, tenant: str, kind: str, index: int) -> None:
+    def _charge(self, tenant: str, kind: Window, index: int) -> None:
         """Count one call: this process's view at once, Redis in the pipeline of this tick
         (not waited for; its reply raises the view to what every process charged)."""
         seen = self._seen.get((tenant, kind))
         mine = seen[1] if seen is not None and seen[0] == index else 0
         self._seen[(tenant, kind)] = (index, mine + 1)
-        key = self._key(tenant, kind, index)
+        key = self._counters.window_key(tenant, kind, index)
 
         def counted(future: asyncio.Future[Any]) -> None:
             if future.cancelled():
@@ -335,79 +309,65 @@ class Quotas:
             if (exc := future.exception()) is not None:
                 log.warning("quota_charge_failed", key=key, error=str(exc))
                 return
+            total = int(future.result())
+            if total == 1 and self._expiring.get((tenant, kind)) == index:
+                self._expire(tenant, kind, index)  # the key was created again (a flushed Redis)
             current = self._seen.get((tenant, kind))
-            if current is not None and current[0] == index and current[1] < int(future.result()):
-                self._seen[(tenant, kind)] = (index, int(future.result()))
+            if current is not None and current[0] == index and current[1] < total:
+                self._seen[(tenant, kind)] = (index, total)
 
-        def quiet(future: asyncio.Future[Any]) -> None:
-            if not future.cancelled():
-                future.exception()  # retrieved: a failed EXPIRE is the charge's failure too
+        self._counters.charge(tenant, kind, index).add_done_callback(counted)
+        if self._expiring.get((tenant, kind)) != index:
+            self._expire(tenant, kind, index)
 
-        self._batcher.execute("INCR", key).add_done_callback(counted)
-        self._batcher.execute("EXPIRE", key, self._window_ttl).add_done_callback(quiet)
+    def _expire(self, tenant: str, kind: Window, index: int) -> None:
+        """The window counter's TTL, sent with the first charge of the window in this process
+        (its name holds the window's index, so that TTL outlives every later charge of it);
+        a failed one is sent again with the next charge."""
+        self._expiring[(tenant, kind)] = index
+
+        def expired(future: asyncio.Future[Any]) -> None:
+            failed = future.cancelled() or future.exception() is not None
+            if failed and self._expiring.get((tenant, kind)) == index:
+                del self._expiring[(tenant, kind)]
+
+        self._counters.expire(tenant, kind, index).add_done_callback(expired)
 
     # -- stored payload bytes -------------------------------------------------
 
     async def _reserve_payload(self, tenant: str, size: int, cap: int) -> int:
         """Reserve a payload's charge; 0 when it does not fit (after one reconciliation)."""
         charge = size + PAYLOAD_OVERHEAD
-        counter = f"{_prefix(tenant)}:held_bytes"
         for attempt in (0, 1):
-            if await self._call("reserve", [counter], [charge, cap, self._ttl]) >= 0:
+            if await self._counters.reserve(tenant, "held", charge, cap):
                 return charge
             if attempt == 0 and not await self.reconcile(tenant):
                 break
         return 0
 
     async def _settle_payload(self, keys: JobKeys, step: str, charge: int, stored: bool) -> None:
-        p = _prefix(keys.tenant)
-        args = [_member(keys, step), charge, "1" if stored else "0", self._ttl]
         try:
-            await self._call("settle", [f"{p}:held", f"{p}:held_bytes"], args)
+            await self._counters.settle_payload(keys, step, charge, stored=stored)
         except StoreUnavailable:
             log.warning("quota_settle_failed", job_id=keys.job_id, step=step)
 
     async def reconcile(self, tenant: str) -> int:
         """Give back the charges of held payloads that left Redis; returns bytes freed (at
         most once a second per tenant: 0 when skipped)."""
+        return await self._reconcile(tenant, "held")
 
-        def gone(pipe: Any, member: str) -> None:
-            job, step = json.loads(member)
-            pipe.hget(JobKeys(tenant, job).effect(step), "payload_sha")
-
-        return await self._reconcile(tenant, "held", gone)
-
-    async def _reconcile(self, tenant: str, kind: str, ask: Any) -> int:
-        """Drop the entries of ``fg:quota:{<tenant>}:<kind>`` whose stored thing is gone:
-        ``ask(pipe, member)`` queues one read that answers None (or 0) when it is. Bytes
-        freed; at most once a second per tenant and kind (0 when skipped)."""
+    async def _reconcile(self, tenant: str, pool: Pool) -> int:
+        """Drop the entries of ``pool`` whose stored thing is gone
+        (:meth:`QuotaCounters.drop_gone`): bytes freed; at most once a second per tenant and
+        pool (0 when skipped, or when Redis does not answer)."""
         now = time.monotonic()
-        if now - self._reconciled.get((tenant, kind), 0.0) < 1.0:
+        if now - self._reconciled.get((tenant, pool), 0.0) < 1.0:
             return 0
-        self._reconciled[(tenant, kind)] = now
-        p = _prefix(tenant)
+        self._reconciled[(tenant, pool)] = now
         try:
-            held: dict[str, str] = await self._client.hgetall(f"{p}:{kind}")  # type: ignore[assignment]
-            gone: list[str] = []
-            items = list(held.items())
-            for i in range(0, len(items), 1000):
-                chunk = items[i : i + 1000]
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for member, _ in chunk:
-                        ask(pipe, member)
-                    found = await pipe.execute()
-                for (member, charge), there in zip(chunk, found, strict=True):
-                    if not there:
-                        gone += [member, charge]
-            if not gone:
-                return 0
-            freed = 0
-            for i in range(0, len(gone), 2000):
-                keys = [f"{p}:{kind}", f"{p}:{kind}_bytes"]
-                freed += await self._call("drop", keys, gone[i : i + 2000])
-            return freed
-        except (RedisError, OSError):
-            log.warning("quota_reconcile_failed", tenant=tenant, kind=kind)
+            return await self._counters.drop_gone(tenant, pool)
+        except StoreUnavailable:
+            log.warning("quota_reconcile_failed", tenant=tenant, kind=pool)
             return 0
 
     # -- stored checkpoint bytes ----------------------------------------------
@@ -419,9 +379,8 @@ class Quotas:
         if not cap:
             return _NO_HOLD
         charge = bound + CHECKPOINT_OVERHEAD
-        counter = f"{_prefix(tenant)}:ckpt_bytes"
         for attempt in (0, 1):
-            if await self._call("reserve", [counter], [charge, cap, self._ttl]) >= 0:
+            if await self._counters.reserve(tenant, "ckpt", charge, cap):
                 return CheckpointHold(charge)
             if attempt == 0 and not await self.reconcile_checkpoints(tenant):
                 break
@@ -433,10 +392,7 @@ class Quotas:
         tick's pipeline, not waited for: it only lowers the counter, never raises it."""
         if not hold.charge and not hold.closed:
             return  # the tenant has no checkpoint cap: nothing is counted
-        p = _prefix(keys.tenant)
-        sha, source = self._scripts["settle_checkpoint"]
-        args = [keys.job_id, str(hold.charge), str(stored), self._ttl]
-        future = self._batcher.evalsha(sha, source, [f"{p}:ckpt", f"{p}:ckpt_bytes"], args)
+        future = self._counters.settle_checkpoint(keys, hold.charge, stored)
 
         def settled(future: asyncio.Future[Any]) -> None:
             if not future.cancelled() and future.exception() is not None:
@@ -447,11 +403,7 @@ class Quotas:
     async def reconcile_checkpoints(self, tenant: str) -> int:
         """Give back the charges of jobs whose checkpoints expired; returns bytes freed (at
         most once a second per tenant: 0 when skipped)."""
-
-        def gone(pipe: Any, job: str) -> None:
-            pipe.exists(JobKeys(tenant, job).ckpt)
-
-        return await self._reconcile(tenant, "ckpt", gone)
+        return await self._reconcile(tenant, "ckpt")
 
     async def checkpoint_refused(
         self, keys: JobKeys, name: str, quota: str, *, worker_id: str, limit: int
@@ -475,7 +427,90 @@ class Quotas:
             limit=cap,
         )
 
+    # -- stored outputs ----------------------------------------------------------
+
+    async def reserve_output(
+        self,
+        ledger: OutputLedger,
+        keys: JobKeys,
+        name: str,
+        key: str,
+        upload: str,
+        amount: int,
+        *,
+        at_least: int | None = None,
+        replaces: str = "",
+        worker_id: str,
+    ) -> int:
+        """Reserve ``amount`` more bytes for ``upload`` of the object ``key`` (its first
+        reservation also counts the object), else ``at_least`` if that fits; returns what
+        was reserved. Over a cap (after one reconciliation) the refusal is audited and
+        raised: ``429 quota_exceeded``, nothing reserved. ``replaces``: see
+        :meth:`OutputLedger.reserve`."""
+        caps = self.caps(keys.tenant)
+        tries = [amount] if at_least is None or at_least >= amount else [amount, at_least]
+        code = 0
+        for attempt in (0, 1):
+            for size in tries:
+                code = await ledger.reserve(
+                    keys.tenant,
+                    key,
+                    upload,
+                    size,
+                    caps.output_bytes,
+                    caps.output_objects,
+                    replaces=replaces,
+                )
+                if code not in (LedgerReply.OVER_BYTES, LedgerReply.OVER_OBJECTS):
+                    return size
+                if code == LedgerReply.OVER_OBJECTS:
+                    break  # no smaller amount counts fewer objects
+            if attempt == 0 and not await ledger.reconcile(keys.tenant):
+                break
+        quota = "output_bytes" if code == LedgerReply.OVER_BYTES else "output_objects"
+        await self.audit(keys, f"output:{name}", quota, worker_id=worker_id)
+        if quota == "output_bytes":
+            detail = f"{caps.output_bytes} bytes of outputs (quotas.output_bytes)"
+            limit = caps.output_bytes
+        else:
+            detail = f"{caps.output_objects} outputs (quotas.output_objects)"
+            limit = caps.output_objects
+        raise QuotaExceeded(
+            f"tenant {keys.tenant!r} has {detail} in the output store; they are freed when "
+            "their objects are deleted (the sweeper, the retention). Nothing was stored",
+            retry_after=self._settings.retry_after_seconds,
+            quota=quota,
+            limit=limit,
+        )
+
     # -- audit -----------------------------------------------------------------
+
+    # -- the rejections budget of the other fenced scripts (gateway.store.budget) --------
+
+    def closed(self, tenant: str) -> bool:
+        """Whether the tenant's audited rejections of this window are used up, from the reply
+        of this process's last charge (no round trip: a window this process has not charged
+        yet counts as open; its first charge's reply closes it)."""
+        cap = self.caps(tenant).rejections
+        if not cap:
+            return False
+        index, _ = self._window()
+        seen = self._seen.get((tenant, "rj"))
+        return bool(seen and seen[0] == index and seen[1] >= cap)
+
+    def spent(self, keys: JobKeys, step: str, *, audited: bool, worker_id: str) -> None:
+        """Count one rejection of a heartbeat, checkpoint, completion, output stage or bad
+        token (the effect calls are counted by :meth:`after`); past the cap, the summary."""
+        tenant = keys.tenant
+        self._metrics.quota_rejections.labels(tenant, "true" if audited else "false").inc()
+        if self.caps(tenant).rejections:
+            self._charge(tenant, "rj", self._window()[0])
+        if not audited:
+            task = asyncio.get_running_loop().create_task(
+                self.audit(keys, step, "rejections_per_window", worker_id=worker_id)
+            )
+            self._summaries.add(task)
+            task.add_done_callback(self._summaries.discard)
 
     async def audit(self, keys: JobKeys, step: str, quota: str, **who: str) -> None:
         """One entry per tenant and quota per second in the tenant's audit feed."""
@@ -487,17 +522,22 @@ class Quotas:
         self._audited[(keys.tenant, quota)] = (now, 0)
         at = int(time.time() * 1000)
         fields: dict[Any, Any] = {
-            "at": str(at), "tenant": keys.tenant, "job_id": keys.job_id, "job_audit_id": "",
-            "step": step, "reason": "quota_exceeded", "presented": "", "current": "",
-            "worker_id": who.get("worker_id", ""), "adapter": who.get("adapter", ""),
-            "quota": quota, "suppressed": str(suppressed),
-        }  # fmt: skip
-        retention_ms = int(self._ttl) * 1000
+            "at": str(at),
+            "tenant": keys.tenant,
+            "job_id": keys.job_id,
+            "job_audit_id": "",
+            "step": step,
+            "reason": "quota_exceeded",
+            "presented": "",
+            "current": "",
+            "worker_id": who.get("worker_id", ""),
+            "adapter": who.get("adapter", ""),
+            "quota": quota,
+            "suppressed": str(suppressed),
+        }
         try:
-            await self._client.xadd(
-                audit_feed(keys.tenant), fields, minid=f"{at - retention_ms}-0", approximate=True
-            )
-        except (RedisError, OSError):
+            await self._counters.note(keys.tenant, fields, at_ms=at)
+        except StoreUnavailable:
             log.warning("quota_audit_failed", tenant=keys.tenant)
         log.warning(
             "quota_exceeded", tenant=keys.tenant, quota=quota, suppressed_since_last=suppressed

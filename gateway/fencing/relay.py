@@ -1,5 +1,9 @@
 """The async relay: queued steps claimed under the fence (``relay-5``) and dispatched, fair
-across tenants; the sweep that finds a step whose hint was lost."""
+across tenants; the sweep that finds a step whose hint was lost.
+
+:class:`Relay` owns its loop, its wake-up event and its stop flag; it dispatches through the
+:class:`~gateway.fencing.dispatch.Dispatcher` it is given (which owns the in-flight dispatches
+and the pending voids, retried by this loop)."""
 
 from __future__ import annotations
 
@@ -14,35 +18,45 @@ from gateway.core.errors import (
     AdapterUnavailable,
     FencegateError,
     StoreUnavailable,
+    UnknownAdapter,
 )
 from gateway.core.records import (
     Admitted,
     RelayClaim,
 )
-from gateway.fencing.dispatch import Dispatcher
+from gateway.fencing.dispatch import RELAY_RETRY_MS, Dispatcher
+from gateway.runtime.metrics import Metrics
 from gateway.store.keys import JobKeys
-from gateway.store.store import new_request_id
+from gateway.store.store import Store, new_request_id
 
 log = structlog.get_logger("fencegate.service")
 
-# A relay dispatch that ended released (known not delivered) is tried again after this.
-_RELAY_RETRY_MS = 1000
 # A step left untouched (its claim got no verdict: its slot unavailable, or behind) waits this
 # long in this process before it is tried again, doubling per failure up to the last.
 _UNTOUCHED_BACKOFF = (0.25, 5.0)
 
 
-class Relaying(Dispatcher):
-    """The relay loop on top of the dispatcher."""
+class Relay:
+    """Performs queued steps: the relay loop and its sweep."""
 
-    def stop_relay(self) -> None:
-        """Ask :meth:`relay_forever` to return at its next turn (shutdown)."""
-        self._relay_stopping = True
-        self.relay_wakeup.set()
+    def __init__(self, store: Store, dispatcher: Dispatcher, metrics: Metrics) -> None:
+        self._store = store
+        self._dispatcher = dispatcher
+        self._metrics = metrics
+        self._wakeup = asyncio.Event()
+        self._stopping = False
 
-    # -- the async relay -------------------------------------------------------
+    def wake(self) -> None:
+        """Start the loop's next turn now (a step was queued, a void is pending)."""
+        self._wakeup.set()
 
-    async def relay_forever(
+    def stop(self) -> None:
+        """Ask :meth:`run` to return at its next turn (shutdown); a stopped relay stays
+        stopped."""
+        self._stopping = True
+        self._wakeup.set()
+
+    async def run(
         self,
         *,
         interval: float = 0.25,
@@ -60,7 +74,7 @@ class Relaying(Dispatcher):
         every slot is read again: a hint lost in a crash between an admit and its hint is
         found there.
 
-        Stopped by :meth:`stop_relay` (checked every turn), not only by cancellation:
+        Stopped by :meth:`stop` (checked every turn), not only by cancellation:
         a cancellation can be swallowed on its way (Python 3.11's ``wait_for`` turned
         one that landed as it timed out into ``TimeoutError``; an ``asyncio.Condition``
         waiter re-acquires its lock before it lets a cancellation through), and the
@@ -85,14 +99,14 @@ class Relaying(Dispatcher):
                 later[member] = (loop.time() + wait, min(wait * 2, most))
             else:
                 later.pop(member, None)
-            self.relay_wakeup.set()
+            self._wakeup.set()
 
         try:
-            while not self._relay_stopping:
+            while not self._stopping:
                 started = 0
                 try:
-                    if self._voids:
-                        await self.retry_voids()
+                    if self._dispatcher.voids_pending:
+                        await self._dispatcher.retry_voids()
                     due = await self._store.relay_due(int(time.time() * 1000), per_tenant)
                 except StoreUnavailable:
                     due = []
@@ -111,10 +125,10 @@ class Relaying(Dispatcher):
                     task.add_done_callback(functools.partial(finished, member, keys.tenant))
                     started += 1
                 if not started:
-                    self.relay_wakeup.clear()
+                    self._wakeup.clear()
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(interval):
-                            await self.relay_wakeup.wait()
+                            await self._wakeup.wait()
                 else:
                     await asyncio.sleep(0)
         finally:
@@ -127,7 +141,7 @@ class Relaying(Dispatcher):
     async def _sweep_forever(self, every: float) -> None:
         """Read every slot's queue at start and every ``every`` seconds: a step whose hint
         was lost (a crash between its admit and its hint) is hinted again."""
-        while not self._relay_stopping:
+        while not self._stopping:
             try:
                 found = await self._store.sweep(int(time.time() * 1000))
             except StoreUnavailable:
@@ -136,7 +150,7 @@ class Relaying(Dispatcher):
                 log.exception("relay_sweep_failed")
                 found = 0
             if found:
-                self.relay_wakeup.set()
+                self._wakeup.set()
             await asyncio.sleep(every)
 
     async def _claim(self, keys: JobKeys, step: str) -> RelayClaim | int | str | None:
@@ -157,8 +171,8 @@ class Relaying(Dispatcher):
                     return None
                 if exc.unacknowledged:  # it ran; its replicas lag: sending again only waits
                     break
-        if not await self._void(keys, step, dispatch_id, run_before):
-            self._voids.add((keys, step, dispatch_id, run_before))
+        if not await self._dispatcher.void(keys, step, dispatch_id, run_before):
+            self._dispatcher.void_later(keys, step, dispatch_id, run_before)
         return None
 
     async def _relay_one(self, keys: JobKeys, step: str) -> bool:
@@ -185,22 +199,22 @@ class Relaying(Dispatcher):
         if isinstance(claim, int):  # someone is dispatching it: look again after its deadline
             await self._store.relay_hint(keys, step, claim + 50)
             return True
-        adapter = self._adapters.get(claim.adapter)
-        allowed = self._adapter_tenants.get(claim.adapter)
-        if adapter is None or (allowed is not None and keys.tenant not in allowed):
+        try:
+            adapter = self._dispatcher.adapter(claim.adapter, keys.tenant)
+        except UnknownAdapter:
             log.error("relay_unknown_adapter", adapter=claim.adapter, key=f"{keys.job_id}:{step}")
             reason = {"reason": f"adapter {claim.adapter!r} is not configured"}
             await self._store.record(keys, step, claim.dispatch_id, "failed", error=reason)
             await self._store.relay_unhint(keys, step)
             return True
-        request = self._request(
+        request = self._dispatcher.request(
             keys, step, claim.generation, claim.adapter, claim.operation, claim.payload, started
         )
         admitted = Admitted(claim.dispatch_id, claim.generation, claim.deadline_ms, resolving=False)
         try:
-            await self._spawn(keys, adapter, request, admitted)
+            await self._dispatcher.spawn(keys, adapter, request, admitted)
         except AdapterUnavailable:  # released, still queued: try again later (re-claimed)
-            await self._store.relay_hint(keys, step, int(time.time() * 1000) + _RELAY_RETRY_MS)
+            await self._store.relay_hint(keys, step, int(time.time() * 1000) + RELAY_RETRY_MS)
             return True
         except FencegateError:
             pass  # failed or unknown: recorded; nothing more for the relay to do

@@ -5,9 +5,18 @@ Between them the gateway holds the step with a deadline. The process re-checks
 its own monotonic deadline right before sending, so a gateway that stalled
 past it never sends late: the gateway can be the zombie too.
 
-A dispatch runs in its own task, shielded from the request: a client that hangs
-up does not stop the outcome from being recorded, and shutdown waits for
-in-flight dispatches (:meth:`EffectService.drain`).
+:class:`EffectService` decides a call's admit (re-sent when its reply is lost, given up
+when Redis does not answer) and holds its collaborators, each owning its own state:
+
+* :attr:`~EffectService.dispatcher` (:class:`~gateway.fencing.dispatch.Dispatcher`): the
+  adapters, each dispatch in its own task shielded from the request (a client that hangs up
+  does not stop the outcome from being recorded), the record, the pending voids, the drain
+  at shutdown (:meth:`Dispatcher.drain`);
+* :attr:`~EffectService.relay` (:class:`~gateway.fencing.relay.Relay`): the async relay's
+  loop and sweep (:meth:`Relay.run`, :meth:`Relay.stop`), woken when a call is queued or a
+  void is left pending;
+* :attr:`~EffectService.admission` (:class:`~gateway.fencing.admission.Admission`, or None):
+  the hook consulted around every admit.
 """
 
 from __future__ import annotations
@@ -15,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
-from adapters.base import InvalidPayload
+from adapters.base import Adapter, InvalidPayload
 from gateway.core.errors import (
     EffectInProgress,
     InvalidRequest,
@@ -37,18 +46,49 @@ from gateway.core.records import (
     Queued,
     Replay,
 )
-from gateway.fencing.admission import OPEN, AdmitCall
-from gateway.fencing.relay import Relaying
+from gateway.fencing.admission import OPEN, Admission, AdmitCall
+from gateway.fencing.dispatch import Dispatcher
+from gateway.fencing.relay import Relay
+from gateway.runtime.metrics import Metrics
 from gateway.store.keys import JobKeys
-from gateway.store.store import new_request_id
+from gateway.store.store import Store, new_request_id
 
 __all__ = ["EffectResult", "EffectService"]
 
 log = structlog.get_logger("fencegate.service")
 
 
-class EffectService(Relaying):
+class EffectService:
     """Performs effects under the fence."""
+
+    def __init__(
+        self,
+        store: Store,
+        adapters: Mapping[str, Adapter],
+        metrics: Metrics,
+        *,
+        dispatch_timeout_seconds: float,
+        tenant_keyed: frozenset[str] = frozenset(),
+        adapter_tenants: Mapping[str, frozenset[str] | None] | None = None,
+        crash_hook: Callable[[str], None] | None = None,
+        admission: Admission | None = None,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        # Chaos testing only (serve --chaos-crash-at): may SIGKILL this process at a point.
+        self._crash = crash_hook or (lambda point: None)
+        self.dispatcher = Dispatcher(
+            store,
+            adapters,
+            metrics,
+            dispatch_timeout_seconds=dispatch_timeout_seconds,
+            tenant_keyed=tenant_keyed,
+            adapter_tenants=adapter_tenants,
+            crash_hook=crash_hook,
+        )
+        self.relay = Relay(store, self.dispatcher, metrics)
+        # consulted around every effect call's admit (gateway.fencing.admission); None: nothing
+        self.admission = admission
 
     async def perform(
         self,
@@ -66,12 +106,71 @@ class EffectService(Relaying):
         """Perform a step now, or (``respond_async``) record it for the relay and return.
         ``by``: who calls (the key's name, else its role), recorded with an implicit
         registration."""
-        adapter = self.adapter(adapter_name, keys.tenant)
+        adapter = self.dispatcher.adapter(adapter_name, keys.tenant)
         try:
             adapter.validate(operation, payload)
         except InvalidPayload as exc:
             raise InvalidRequest(f"payload does not fit {adapter_name}.{operation}: {exc}") from exc
         digest = intent_digest(adapter_name, operation, payload)
+        return await self._perform(
+            keys,
+            step,
+            adapter,
+            adapter_name,
+            generation=generation,
+            operation=operation,
+            payload=payload,
+            digest=digest,
+            worker_id=worker_id,
+            respond_async=respond_async,
+            by=by,
+        )
+
+    async def perform_with(
+        self,
+        keys: JobKeys,
+        step: str,
+        adapter: Adapter,
+        *,
+        generation: int,
+        operation: str,
+        payload: Mapping[str, Any],
+        intent_sha256: str,
+        worker_id: str | None,
+        by: str = "",
+    ) -> EffectResult:
+        """Perform a step now through an adapter the caller holds, under the intent digest the
+        caller computed: the proxy's upstreams (``proxy:<name>``, gateway.proxy), which no
+        effect call can name. The same admit, dispatch and record as :meth:`perform`."""
+        return await self._perform(
+            keys,
+            step,
+            adapter,
+            adapter.name,
+            generation=generation,
+            operation=operation,
+            payload=payload,
+            digest=intent_sha256,
+            worker_id=worker_id,
+            respond_async=False,
+            by=by,
+        )
+
+    async def _perform(
+        self,
+        keys: JobKeys,
+        step: str,
+        adapter: Adapter,
+        adapter_name: str,
+        *,
+        generation: int,
+        operation: str,
+        payload: Mapping[str, Any],
+        digest: str,
+        worker_id: str | None,
+        respond_async: bool,
+        by: str,
+    ) -> EffectResult:
         started = time.monotonic()
         payload_json = json.dumps(payload, separators=(",", ":")) if respond_async else ""
         self._crash("before_admit")
@@ -105,10 +204,12 @@ class EffectService(Relaying):
         if isinstance(verdict, Queued):
             # the queue entry was written with the step; this hint only makes it prompt
             await self._store.relay_hint(keys, step, int(time.time() * 1000))
-            self.relay_wakeup.set()
-            return self._result(keys, step, verdict.generation, verdict.state, adapter_name)
+            self.relay.wake()
+            return self.dispatcher.result(
+                keys, step, verdict.generation, verdict.state, adapter_name
+            )
         if isinstance(verdict, Replay):
-            return self._replay(keys, step, verdict.record)
+            return self.dispatcher.replay(keys, step, verdict.record)
         if isinstance(verdict, InProgress):
             # Retry-After is a hint (most dispatches take milliseconds); the hold's
             # hard limit is reported separately.
@@ -127,8 +228,10 @@ class EffectService(Relaying):
                 state="unknown",
             )
         # The deadline is monotonic and counted from before the admit: never later than Redis's.
-        request = self._request(keys, step, generation, adapter_name, operation, payload, started)
-        return await self._spawn(keys, adapter, request, verdict)
+        request = self.dispatcher.request(
+            keys, step, generation, adapter_name, operation, payload, started
+        )
+        return await self.dispatcher.spawn(keys, adapter, request, verdict)
 
     async def _admit(
         self,
@@ -180,8 +283,8 @@ class EffectService(Relaying):
             ) from failure
         # given up: if the admit ran, it holds the step for a dispatch that never starts;
         # the relay loop voids it in Redis as soon as Redis answers again
-        self._voids.add((keys, step, dispatch_id, run_before))
-        self.relay_wakeup.set()
+        self.dispatcher.void_later(keys, step, dispatch_id, run_before)
+        self.relay.wake()
         raise StoreUnavailable(
             "Redis did not answer the admit; nothing was sent for this call. If the admit ran, "
             "the step is released as soon as Redis answers again.",

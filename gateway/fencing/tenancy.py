@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.records import downstream_key
+from gateway.core.records import downstream_key, proxied_key
 from gateway.runtime.settings import ConfigError, Settings
 
 __all__ = ["Tenancy", "resolve_tenancy"]
@@ -36,7 +36,10 @@ class Tenancy:
     keyed: frozenset[str]
 
     def key(self, tenant: str, job_id: str, step: str, adapter: str) -> str:
-        """The downstream key of a step sent through ``adapter`` (:func:`downstream_key`)."""
+        """The downstream key of a step sent through ``adapter`` (:func:`downstream_key`; a
+        proxied step's, adapter ``proxy:<upstream>``: :func:`proxied_key`)."""
+        if adapter.startswith("proxy:"):
+            return proxied_key(tenant, job_id, step)
         return downstream_key(tenant, job_id, step, tenant_keyed=adapter in self.keyed)
 
     def sections(self, adapters: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

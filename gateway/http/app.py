@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import cast
 
@@ -39,17 +38,22 @@ from gateway.http import appkeys as K
 from gateway.http.auth import Authenticator
 from gateway.http.browser import GUARD as BROWSER_GUARD
 from gateway.http.browser import BrowserGuard
-from gateway.http.connections import GUARD, GuardSlot, body_deadline, serving
-from gateway.http.jobviews import JOB_ROUTES
-from gateway.http.openapi import build_openapi
+from gateway.http.codings import HANDLER_ARGS
+from gateway.http.connections import GUARD, GuardSlot, body_refusal, guard_of, write_response
+from gateway.http.expect import continue_now
+from gateway.http.job_state_views import JOB_ROUTES
+from gateway.http.openapi import openapi_document
 from gateway.http.outputs import OUTPUT_ROUTES, OUTPUTS
 from gateway.http.problems import from_http_exception, problem_response
-from gateway.http.tenantshare import claim_connection, tenant_share
+from gateway.http.proxied import mount_proxy
+from gateway.http.tenantshare import claim_connection, share_refusal
 from gateway.http.views import HOT_HANDLERS, ROUTES
 from gateway.objects import build_object_store
 from gateway.objects.space import SpaceFloor
 from gateway.runtime.logging import end_request, flush_logs, log_request, request_context
 from gateway.runtime.metrics import Metrics
+from gateway.runtime.periodic import every
+from gateway.runtime.periodic import stop as stop_tickers
 from gateway.runtime.settings import ConfigError, Settings, read_secret
 from gateway.store import anchors as anchors_module
 from gateway.store.jobstate import JobState
@@ -66,9 +70,36 @@ SecretReader = Callable[[str, str], str]
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,64}")  # echoed as a header: printable ASCII only
 
 
-@web.middleware
-async def _request_middleware(
-    request: web.Request, handler: Callable[[web.Request], object]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _middleware(body_timeout: float) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The gateway's one middleware (each layer aiohttp runs costs a call and a coroutine per
+    request, so its parts are plain calls in one). Outermost first: the connection guard's
+    serving span (:func:`gateway.http.connections.serving`), problems for every error and one
+    canonical log line per request, the tenant's share of the connections
+    (:func:`gateway.http.tenantshare.share_refusal`), the body deadline
+    (:func:`gateway.http.connections.body_refusal`)."""
+
+    @web.middleware
+    async def gateway(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guard = guard_of(request)
+        if guard is None:
+            return await _answer(request, handler, body_timeout)
+        transport = request.transport
+        guard.serving(transport)
+        try:
+            response = await _answer(request, handler, body_timeout)
+            await write_response(request, response)
+            return response
+        finally:
+            guard.finished(transport)
+
+    return gateway
+
+
+async def _answer(
+    request: web.Request, handler: Handler, body_timeout: float
 ) -> web.StreamResponse:
     """Problems for every error, and one canonical log line per request."""
     # a correlation id, not a secret: the PRNG, not a getrandom() system call per request
@@ -82,7 +113,11 @@ async def _request_middleware(
     try:
         if not console.owns(request):  # the console's pages apply their own (gateway.console)
             request.app[BROWSER_GUARD].check(request)  # browsers, foreign Hosts, non-JSON bodies
-        response = await handler(request)  # type: ignore[misc]
+        # (a response is a mapping: an empty one is falsy)
+        refusal: web.StreamResponse | None = share_refusal(request)
+        if refusal is None:
+            refusal = await body_refusal(request, body_timeout)
+        response = refusal if refusal is not None else await handler(request)
     except FencegateError as exc:
         error = exc
     except web.HTTPException as exc:
@@ -141,12 +176,8 @@ def create_app(
     tenancy = resolve_tenancy(settings)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
-        middlewares=[
-            serving,
-            _request_middleware,
-            tenant_share,  # the connection's tenant, from its first authenticated request
-            body_deadline(settings.connections.body_timeout_seconds),
-        ],
+        handler_args=HANDLER_ARGS,  # bodies as sent: decoded by gateway.http.codings
+        middlewares=[_middleware(settings.connections.body_timeout_seconds)],
     )
     app[GUARD] = GuardSlot()  # `fencegate serve` puts its connection guard here
     app[K.SETTINGS] = settings
@@ -154,7 +185,7 @@ def create_app(
     app[K.METRICS] = Metrics()
     app[K.AUTH] = Authenticator(settings.auth.keys, secret)
     app[BROWSER_GUARD] = BrowserGuard(settings.server, open_mode=app[K.AUTH].open)
-    app[K.OPENAPI] = json.dumps(build_openapi()).encode()
+    app[K.OPENAPI] = openapi_document(proxy=bool(settings.upstreams))
     app[K.SIGNER] = None
     if settings.auth.token_signing_key_env:
         raw = secret(settings.auth.token_signing_key_env, "auth.token_signing_key_env")
@@ -167,7 +198,7 @@ def create_app(
             raise ConfigError(f"auth.token_signing_key_env: {exc}") from exc
 
     audit_keys = anchors_module.audit_keys(settings, secret)  # never stored in Redis, never logged
-    objects = build_object_store(settings, secret)  # outputs (issue 16): config errors here
+    objects = build_object_store(settings, secret)  # outputs: config errors here
     floors: list[SpaceFloor] = []  # /readyz: the embedded Redis's volume (uploads stop before)
     if not settings.redis.url and settings.redis.min_free_mb:
         data = Path(settings.redis.data_dir)
@@ -193,7 +224,7 @@ def create_app(
             ack=_ack_policy(settings),
         )
         anchorer = anchors_module.Anchorer(
-            client, store.audit_touched, anchors_module.anchor_path(settings), audit_keys
+            client, store.link.audit_touched, anchors_module.anchor_path(settings), audit_keys
         )
         try:
             await store.load_scripts()
@@ -203,7 +234,7 @@ def create_app(
             if result == "stale_snapshot":
                 pass  # logged by the store; every dispatch fails closed until init
             elif result == "uninitialised":
-                log.error("redis_not_initialised", detail=store.marker_missing_detail)
+                log.error("redis_not_initialised", detail=store.link.marker_missing_detail)
             elif result == "refused":
                 log.error(
                     "durability_marker_missing",
@@ -228,6 +259,7 @@ def create_app(
             app[K.METRICS],
             retention_seconds=settings.fencing.retention_seconds,
         )
+        store.link.rejection_budget = app[K.QUOTAS]  # heartbeats, checkpoints, completions, …
         # the object store's side sets .recorder (pre-signed uploads recorded at completion)
         app[K.COMPLETION] = CompletionService(
             app[K.JOBSTATE], app[K.QUOTAS], max_checkpoints=settings.checkpoints.max_per_job
@@ -237,64 +269,71 @@ def create_app(
             store,
             objects,
             settings.outputs,
-            registration=settings.fencing.registration,
-            retention_seconds=settings.fencing.retention_seconds,
             crash_hook=crash_hook,
         )
         app[K.COMPLETION].recorder = app[OUTPUTS]  # presigned uploads recorded at completion
 
-        async def epochs() -> None:
-            while True:
-                await asyncio.sleep(settings.redis.epoch_interval_seconds)
-                with contextlib.suppress(StoreUnavailable):
-                    await store.heartbeat_epoch()
-                if settings.redis.url and not settings.redis.allow_volatile:
-                    with contextlib.suppress(StoreUnavailable):
-                        await store.check_durability()  # changed since the start?
+        async def epoch_tick() -> None:
+            with contextlib.suppress(StoreUnavailable):
+                await store.heartbeat_epoch()
+            if settings.redis.url and not settings.redis.allow_volatile:
+                await store.check_durability()  # changed since the start?
 
-        async def marks() -> None:
-            while True:
-                await asyncio.sleep(settings.redis.marks_interval_seconds)
-                try:
-                    await store.persist_marks()
-                except OSError as exc:
-                    log.error("state_file_write_failed", error=str(exc))
-                with contextlib.suppress(StoreUnavailable):
-                    await store.witness()  # lost writes, whoever wrote since (standalone)
+        async def marks_tick() -> None:
+            try:
+                await store.persist_marks()
+            except OSError as exc:
+                log.error("state_file_write_failed", error=str(exc))
+            await store.witness()  # lost writes, whoever wrote since (standalone)
 
-        async def sweeps() -> None:
-            interval = settings.outputs.sweep_interval_seconds
-            while interval > 0:
-                await asyncio.sleep(interval * random.uniform(0.8, 1.2))
-                try:
-                    await sweep_outputs(
-                        app[OUTPUTS],
-                        grace_seconds=settings.outputs.orphan_grace_seconds,
-                        metrics=app[K.METRICS],
-                    )
-                except Exception as exc:  # a failed sweep is tried again next interval
-                    log.warning("output_sweep_failed", error=str(exc))
+        async def sweep_tick() -> None:
+            try:
+                await sweep_outputs(
+                    app[OUTPUTS],
+                    grace_seconds=settings.outputs.orphan_grace_seconds,
+                    metrics=app[K.METRICS],
+                )
+            except Exception as exc:  # a failed sweep is tried again next interval
+                log.warning("output_sweep_failed", error=str(exc))
 
-        async def attention() -> None:  # the "needs a decision" hints (gateway.store.attention)
-            every = settings.fencing.attention_reconcile_seconds
-            while True:
-                await asyncio.sleep(every)  # not at start: the hints outlive a restart
-                try:
-                    # one gateway of the deployment per interval
-                    if await store.needs.take_turn(int(every * 1000)):
-                        await store.reconcile_attention()
-                except StoreUnavailable:
-                    pass
-                except Exception:  # never let the reconciler stop for good
-                    log.exception("attention_reconcile_failed")
+        attention_every = settings.fencing.attention_reconcile_seconds
 
-        tickers = [asyncio.create_task(t()) for t in (epochs, marks, sweeps, attention)]
+        async def attention_tick() -> (
+            None
+        ):  # the "needs a decision" hints (gateway.store.attention)
+            # one gateway of the deployment per interval; not at start: the hints outlive a restart
+            if await store.needs.take_turn(int(attention_every * 1000)):
+                await store.reconcile_attention()
+
+        redis_settings, sweep_every = settings.redis, settings.outputs.sweep_interval_seconds
+        loops = [
+            every(
+                lambda: redis_settings.epoch_interval_seconds,
+                epoch_tick,
+                name="epoch",
+                quiet=(StoreUnavailable,),
+            ),
+            every(
+                lambda: redis_settings.marks_interval_seconds,
+                marks_tick,
+                name="marks",
+                quiet=(StoreUnavailable,),
+            ),
+            every(
+                lambda: attention_every, attention_tick, name="attention", quiet=(StoreUnavailable,)
+            ),
+        ]
+        if sweep_every > 0:
+            loops.append(
+                every(lambda: sweep_every * random.uniform(0.8, 1.2), sweep_tick, name="sweep")
+            )
+        tickers = [asyncio.create_task(loop) for loop in loops]
         if settings.redis.replicas_acked:  # the replication topology, checked periodically
 
             def topology(report: Topology) -> None:
                 # allow_volatile waived the refusal at start: logged, not a readiness failure
                 waived = settings.redis.allow_volatile
-                store.topology_problems = [] if waived else report.problems
+                store.link.topology_problems = [] if waived else report.problems
 
             tickers.append(
                 asyncio.create_task(
@@ -309,11 +348,7 @@ def create_app(
             )
         anchorer.start(settings.audit.anchor_interval_seconds)
         yield
-        for ticker in tickers:
-            ticker.cancel()
-        for ticker in tickers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+        await stop_tickers(tickers, settings.redis.timeout_seconds + 3)
         await anchorer.stop()  # the heads of the last interval, after the drain
         await store.aclose()
         try:
@@ -347,19 +382,18 @@ def create_app(
             admission=quotas,
         )
         relay = asyncio.create_task(
-            app[K.SERVICE].relay_forever(
-                per_tenant=settings.fencing.relay_per_tenant,
+            app[K.SERVICE].relay.run(
                 sweep_seconds=settings.fencing.relay_sweep_seconds,
             )
         )
         yield
-        app[K.SERVICE].stop_relay()
+        app[K.SERVICE].relay.stop()
         relay.cancel()
         done, _ = await asyncio.wait({relay}, timeout=settings.redis.timeout_seconds + 3)
-        if relay not in done:  # never hang the shutdown on it (see relay_forever)
+        if relay not in done:  # never hang the shutdown on it (see Relay.run)
             log.error("relay_did_not_stop", detail="continuing the shutdown without it")
         # on_shutdown drained with the grace period; record anything that slipped in since
-        cut = await app[K.SERVICE].drain(0)
+        cut = await app[K.SERVICE].dispatcher.drain(0)
         if cut:
             log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
         for adapter in adapters.values():
@@ -377,7 +411,9 @@ def create_app(
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(sig, second_signal.set)
         if K.SERVICE in app:
-            cut = await app[K.SERVICE].drain(settings.server.shutdown_grace_seconds, second_signal)
+            cut = await app[K.SERVICE].dispatcher.drain(
+                settings.server.shutdown_grace_seconds, second_signal
+            )
             if cut:
                 log.warning("shutdown_cut_dispatches_short", count=cut, recorded_as="unknown")
 
@@ -387,13 +423,14 @@ def create_app(
         flush_logs()  # the buffered request lines of the last requests
 
     app.on_cleanup.append(flush_log_lines)
+    mount_proxy(app, settings, tenancy.tenants, secret)  # [upstreams.*]: /proxy/<name>/…
     app.cleanup_ctx.append(redis_ctx)
     app.cleanup_ctx.append(adapters_ctx)
     # the router tries routes sharing a prefix in the order added: the hot ones first
     for route in sorted(
         (*ROUTES, *JOB_ROUTES, *OUTPUT_ROUTES), key=lambda r: r.handler not in HOT_HANDLERS
     ):
-        app.router.add_route(route.method, route.path, route.handler)
+        app.router.add_route(route.method, route.path, route.handler, expect_handler=continue_now)
     # /console; its on_shutdown hook goes first: its open streams end before the drain
     console.mount(
         app,

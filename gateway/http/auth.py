@@ -18,14 +18,13 @@ from gateway.runtime.settings import AuthKey
 
 __all__ = ["OPEN", "Authenticator", "Principal"]
 
-ROLES = ("worker", "scheduler", "auditor", "admin")
-
 
 @dataclass(frozen=True, slots=True)
 class Principal:
     role: str
     tenant: str
     name: str = ""  # the key's optional name ([[auth.keys]] name)
+    claims: bool = False  # a worker key that may register its jobs' generations ([[auth.keys]])
 
     @property
     def who(self) -> str:
@@ -35,6 +34,15 @@ class Principal:
     def require(self, *roles: str) -> None:
         if self.role != "admin" and self.role not in roles:
             raise Forbidden(f"role {self.role!r} may not do this; needs one of {', '.join(roles)}")
+
+    def require_registration(self) -> None:
+        """Registering a generation: a scheduler's, or a worker key's with ``claims = true``
+        (the one scheduler action such a key has)."""
+        if self.role == "worker" and self.claims:
+            return
+        if self.role == "worker":
+            raise Forbidden("this worker key may not register generations; it needs claims = true")
+        self.require("scheduler")
 
 
 OPEN = Principal(role="admin", tenant="default")
@@ -52,7 +60,7 @@ class Authenticator:
                 digest = bytes.fromhex(key.sha256)
             else:
                 raise ValueError(f"auth.keys[{i}] needs sha256 or key_env")
-            self._keys.append((digest, Principal(key.role, key.tenant, key.name)))
+            self._keys.append((digest, Principal(key.role, key.tenant, key.name, key.claims)))
 
     @property
     def open(self) -> bool:

@@ -16,7 +16,10 @@ In order, on every route and method (``/healthz``, ``/metrics`` and
    ``unsupported_media_type``; the one exception is an empty body declared
    ``application/octet-stream`` (what aiohttp's client sends on a POST without
    a body), and the output upload route (``streams_body``: a PUT, which no form can
-   send and a page's ``fetch`` cannot send cross-site without a preflight). HTML forms
+   send and a page's ``fetch`` cannot send cross-site without a preflight), and the
+   proxy's route (``any_media_type``: the upstream's media types; it requires the
+   ``Fencing-Token``, ``Fencegate-Job`` and ``Fencegate-Step`` headers, which no form
+   can send and a cross-site ``fetch`` cannot send without a preflight). HTML forms
    can only send urlencoded, multipart or ``text/plain``
    (even with no fields), and a page's ``fetch`` with a JSON or octet-stream
    body needs a CORS preflight, which this gateway never allows (it sends no
@@ -128,8 +131,9 @@ class BrowserGuard:
             if site is not None and site.lower() not in _SAFE_SITES:
                 raise Forbidden(f"requests from web pages are refused: Sec-Fetch-Site is {site!r}")
         types = headers.getall("Content-Type", ())
-        if getattr(request.match_info.handler, "streams_body", False):
-            return  # an output's bytes (PUT only: no form sends one; any media type)
+        handler = request.match_info.handler
+        if getattr(handler, "streams_body", False) or getattr(handler, "any_media_type", False):
+            return  # an output's bytes, a proxied body (gateway.http.proxied): any media type
         if len(types) > 1:
             raise UnsupportedMediaType("more than one Content-Type header")
         if types:

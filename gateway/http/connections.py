@@ -7,8 +7,8 @@ deadlines, the file-descriptor limit, and log lines that stay JSON under any flo
   head, is closed for the new one. A connection serves from the moment its head is complete
   (its blank line arrived, before the handler runs) until its response is written; then it
   is idle again. When every one is serving, the new one gets ``503`` with ``Retry-After``.
-  A request pipelined behind another is not seen: an eviction after the first response
-  ends it unanswered (HTTP lets a pipelining client retry what was not answered).
+  A request pipelined behind another, already read by aiohttp when the first response is
+  written, keeps its connection serving (it is answered next, never evicted unanswered).
 * **Header and idle deadline** (``connections.idle_timeout_seconds``): aiohttp's keep-alive
   timer, also from the moment a connection opens (a complete head by then, or closed).
 * **Body deadline** (``connections.body_timeout_seconds``): else ``408 request_timeout``.
@@ -43,12 +43,14 @@ __all__ = [
     "GuardSlot",
     "RequestTimeout",
     "TenantShares",
-    "body_deadline",
+    "body_refusal",
     "bridge_stdlib_logging",
+    "guard_of",
     "raise_fd_limit",
     "run_app",
     "serving",
     "share_of",
+    "write_response",
 ]
 
 log = structlog.get_logger("fencegate.connections")
@@ -246,9 +248,10 @@ class ConnectionGuard:
         self.partial.pop(conn, None)
 
     def finished(self, transport: Any) -> None:
-        """The response of the connection's request is written: idle again (the newest)."""
+        """The response of the connection's request is written: idle again (the newest),
+        unless aiohttp holds a request pipelined behind it (``_messages``): that one serves."""
         conn = self.open.get(transport)
-        if conn is not None and conn.busy:
+        if conn is not None and conn.busy and not getattr(conn.inner, "_messages", None):
             conn.busy = False
             conn.tail = b""
             self.idle[conn] = None
@@ -287,53 +290,61 @@ class GuardSlot:
 GUARD = web.AppKey("connection_guard", GuardSlot)
 
 
+def guard_of(request: web.Request) -> ConnectionGuard | None:
+    """The connection guard serving this request (None: tests' in-process servers)."""
+    slot = request.app.get(GUARD)
+    return slot.guard if slot is not None else None
+
+
+async def write_response(request: web.Request, response: web.StreamResponse) -> None:
+    """Write the response now, while the connection still serves (the two calls aiohttp makes
+    after the handler then do nothing)."""
+    with contextlib.suppress(ConnectionError):  # aiohttp's own write sees it again
+        await response.prepare(request)
+        await response.write_eof()
+
+
 @web.middleware
 async def serving(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """The outermost middleware: the connection serves until its response is written here
-    (the two calls aiohttp makes next, which then do nothing), then it is idle again."""
-    slot = request.app.get(GUARD)
-    guard = slot.guard if slot is not None else None
+    """The guard's part of the gateway's middleware (``gateway.http.app``), on its own: the
+    connection serves until its response is written here, then it is idle again."""
+    guard = guard_of(request)
     if guard is None:
         return await handler(request)
     transport = request.transport
     guard.serving(transport)
     try:
         response = await handler(request)
-        with contextlib.suppress(ConnectionError):  # aiohttp's own write sees it again
-            await response.prepare(request)
-            await response.write_eof()
+        await write_response(request, response)
         return response
     finally:
         guard.finished(transport)
 
 
-def body_deadline(timeout: float) -> Any:
-    """Middleware: the whole body within ``timeout`` (else 408 and the connection closes)."""
-
-    @web.middleware
-    async def middleware(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        limit = request.app[K.SETTINGS].server.max_body_bytes
-        length = request.content_length
-        streams = getattr(request.match_info.handler, "streams_body", False)  # outputs
-        if request.body_exists and not streams and (length is None or length <= limit):
-            try:
-                async with asyncio.timeout(timeout):
-                    await request.read()  # cached: the handler's read() gets the same bytes
-            except TimeoutError:
-                response = problem_response(
-                    RequestTimeout(f"the request body did not arrive within {timeout:g} s")
-                )
-                response.force_close()
-                return response
-            except web.HTTPRequestEntityTooLarge:
-                pass  # the handler reads again and answers 413
-        return await handler(request)
-
-    return middleware
+async def body_refusal(request: web.Request, seconds: float) -> web.StreamResponse | None:
+    """The body deadline: the whole body within ``seconds``, else this ``408`` (its connection
+    closes); None: the handler may run. A body that arrived with its head (the parser has
+    seen its end) is not timed."""
+    if request.content.is_eof():
+        return None  # no body, or all of it arrived: nothing to time
+    limit = request.app[K.SETTINGS].server.max_body_bytes
+    length = request.content_length
+    streams = getattr(request.match_info.handler, "streams_body", False)  # outputs
+    if request.body_exists and not streams and (length is None or length <= limit):
+        try:
+            async with asyncio.timeout(seconds):
+                await request.read()  # cached: the handler's read() gets the same bytes
+        except TimeoutError:
+            response = problem_response(
+                RequestTimeout(f"the request body did not arrive within {seconds:g} s")
+            )
+            response.force_close()
+            return response
+        except web.HTTPRequestEntityTooLarge:
+            pass  # the handler reads again and answers 413
+    return None
 
 
 class _JsonBridge(logging.Handler):

@@ -30,6 +30,7 @@ __all__ = [
     "HealthOut",
     "HeartbeatOut",
     "JobOut",
+    "OutputOut",
     "OutputRecordOut",
     "Problem",
     "PromotedOutputOut",
@@ -185,6 +186,22 @@ class CompletionOut(BaseModel):
     result: Any = None
     outputs: dict[str, PromotedOutputOut]
     replayed: bool
+
+
+class OutputOut(BaseModel):
+    """An attempt-scoped output as its upload answers it (``PUT …/outputs/{name}``)."""
+
+    job_id: str
+    name: str
+    generation: int
+    state: Literal["staged", "recorded"]
+    key: str = Field(description="the attempt-scoped object key <tenant>/<job>/g<gen>/<name>")
+    size: int
+    sha256: str
+    content_type: str
+    presigned: bool
+    staged_at: str | None
+    recorded_at: str | None
 
 
 class OutputRecordOut(BaseModel):

@@ -1,4 +1,4 @@
-"""The views of attempt-scoped outputs (issue 16): upload, pre-signed upload URL, read.
+"""The views of attempt-scoped outputs: upload, pre-signed upload URL, read.
 
 ``PUT /v1/jobs/{job}/outputs/{name}`` is the one route whose body is not JSON: it is
 marked ``streams_body`` so the browser guard accepts any declared media type (a browser
@@ -18,12 +18,20 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from gateway.core.errors import FencegateError, Forbidden, InvalidRequest, RequestTimeout
-from gateway.fencing.output_entry import OutputEntry
+from gateway.core.errors import (
+    FencegateError,
+    Forbidden,
+    InvalidRequest,
+    QuotaExceeded,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
 from gateway.fencing.outputs import OutputService
 from gateway.http import appkeys as K
-from gateway.http.models import iso_ms
-from gateway.http.parsing import _body, _generation, _job_as, _worker_id, respond
+from gateway.http.codings import codings_of
+from gateway.http.job_state_models import output_out
+from gateway.http.models import OutputOut, iso_ms
+from gateway.http.parsing import generation_of, job_as, read_body, respond, worker_id_of
 from gateway.http.views import Route
 from gateway.objects import ObjectStoreError, valid_output_name
 from gateway.runtime.logging import bind
@@ -32,7 +40,6 @@ __all__ = [
     "OUTPUTS",
     "OUTPUT_ROUTES",
     "REDIRECT_SAFE",
-    "OutputOut",
     "UploadUrlBody",
     "UploadUrlOut",
     "redirect_safe",
@@ -54,31 +61,29 @@ READ_URL_SECONDS = 300  # a redirect's signed GET URL is valid this long
 # attachment with nosniff and a sandboxing CSP.
 REDIRECT_SAFE = frozenset(
     {
-        "application/octet-stream", "application/zip", "application/gzip",
-        "application/x-tar", "application/x-7z-compressed", "application/zstd",
-        "application/vnd.apache.parquet", "image/png", "image/jpeg", "image/gif",
-        "image/webp", "image/avif", "audio/mpeg", "audio/ogg", "video/mp4", "video/webm",
+        "application/octet-stream",
+        "application/zip",
+        "application/gzip",
+        "application/x-tar",
+        "application/x-7z-compressed",
+        "application/zstd",
+        "application/vnd.apache.parquet",
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "image/avif",
+        "audio/mpeg",
+        "audio/ogg",
+        "video/mp4",
+        "video/webm",
     }
-)  # fmt: skip
+)
 
 
 def redirect_safe(content_type: str) -> bool:
     """Whether a recorded output of this media type may be read through a redirect."""
     return content_type.split(";", 1)[0].strip().lower() in REDIRECT_SAFE
-
-
-class OutputOut(BaseModel):
-    job_id: str
-    name: str
-    generation: int
-    state: Literal["staged", "recorded"]
-    key: str = Field(description="the attempt-scoped object key <tenant>/<job>/g<gen>/<name>")
-    size: int
-    sha256: str
-    content_type: str
-    presigned: bool
-    staged_at: str | None
-    recorded_at: str | None
 
 
 class UploadUrlBody(BaseModel):
@@ -94,23 +99,8 @@ class UploadUrlOut(BaseModel):
     url: str
     expires_at: str | None
     max_bytes: int = Field(
-        description="outputs.max_bytes: a larger object is deleted at completion (413)"
-    )
-
-
-def output_out(job_id: str, e: OutputEntry) -> OutputOut:
-    return OutputOut(
-        job_id=job_id,
-        name=e.name,
-        generation=e.generation,
-        state="recorded" if e.state == "recorded" else "staged",
-        key=e.key,
-        size=e.size,
-        sha256=e.sha256,
-        content_type=e.content_type,
-        presigned=e.presigned,
-        staged_at=iso_ms(e.staged_ms or None),
-        recorded_at=iso_ms(e.recorded_ms or None),
+        description="outputs.max_bytes: a larger object is deleted at completion (413); "
+        "reserved in the tenant's quotas.output_bytes until the upload is recorded"
     )
 
 
@@ -177,11 +167,18 @@ def _body_chunks(
 
 
 async def put_output(request: web.Request) -> web.Response:
-    keys, principal = _job_as(request, "worker")
+    keys, principal = job_as(request, "worker")
     name = _output_name(request)
-    worker_id = _worker_id(request)
+    if codings_of(request.headers.getall("Content-Encoding", ())):
+        # an output is stored as its bytes came: a compressed file is uploaded as what it
+        # is (Content-Type: application/gzip), never inflated on its way to the store
+        raise UnsupportedMediaType(
+            "an output's body is stored as sent: upload it without a Content-Encoding "
+            "(a compressed file as its own media type, e.g. application/gzip)"
+        )
+    worker_id = worker_id_of(request)
     content_type = _media_type(request.headers.get("Content-Type"))
-    gen = await _generation(request, keys, step=f"output:{name}", worker_id=worker_id)
+    gen = await generation_of(request, keys, step=f"output:{name}", worker_id=worker_id)
     service = request.app[OUTPUTS]
     settings = request.app[K.SETTINGS]
     body = _body_chunks(
@@ -192,9 +189,16 @@ async def put_output(request: web.Request) -> web.Response:
     )
     try:
         entry = await service.put(
-            keys, gen, name, body, content_type=content_type,
-            content_length=request.content_length, worker_id=worker_id or "", by=principal.who,
-        )  # fmt: skip
+            keys,
+            gen,
+            name,
+            body,
+            content_type=content_type,
+            content_length=request.content_length,
+            worker_id=worker_id or "",
+            by=principal.who,
+            quotas=request.app[K.QUOTAS],
+        )
     except FencegateError as exc:
         # the rest of an unread body is aiohttp's to discard after the answer (bounded by
         # its lingering time, then the connection closes): the client reads the problem
@@ -208,24 +212,39 @@ put_output.streams_body = True  # type: ignore[attr-defined]
 
 
 async def upload_url(request: web.Request) -> web.Response:
-    keys, principal = _job_as(request, "worker")
+    keys, principal = job_as(request, "worker")
     name = _output_name(request)
-    worker_id = _worker_id(request)
-    body: UploadUrlBody = await _body(request, UploadUrlBody, empty_ok=True)
+    worker_id = worker_id_of(request)
+    body: UploadUrlBody = await read_body(request, UploadUrlBody, empty_ok=True)
     content_type = _media_type(body.content_type)
-    gen = await _generation(request, keys, step=f"output:{name}", worker_id=worker_id)
-    url, key, deadline = await request.app[OUTPUTS].upload_url(
-        keys, gen, name, content_type=content_type, worker_id=worker_id or "", by=principal.who
-    )
+    gen = await generation_of(request, keys, step=f"output:{name}", worker_id=worker_id)
+    try:
+        url, key, deadline = await request.app[OUTPUTS].upload_url(
+            keys,
+            gen,
+            name,
+            content_type=content_type,
+            worker_id=worker_id or "",
+            by=principal.who,
+            quotas=request.app[K.QUOTAS],
+        )
+    except QuotaExceeded:
+        request.app[K.METRICS].outputs.labels("quota_exceeded").inc()
+        raise
     out = UploadUrlOut(
-        job_id=keys.job_id, name=name, generation=gen, key=key, url=url,
-        expires_at=iso_ms(deadline), max_bytes=request.app[OUTPUTS].settings.max_bytes,
-    )  # fmt: skip
+        job_id=keys.job_id,
+        name=name,
+        generation=gen,
+        key=key,
+        url=url,
+        expires_at=iso_ms(deadline),
+        max_bytes=request.app[OUTPUTS].settings.max_bytes,
+    )
     return respond(out, 201)
 
 
 async def get_output(request: web.Request) -> web.StreamResponse:
-    keys, principal = _job_as(request, "worker", "scheduler", "auditor")
+    keys, principal = job_as(request, "worker", "scheduler", "auditor")
     name = _output_name(request)
     service = request.app[OUTPUTS]
     raw_gen = request.query.get("generation")
@@ -269,7 +288,7 @@ async def get_output(request: web.Request) -> web.StreamResponse:
     return response
 
 
-_UPLOAD_PROBLEMS = (400, 401, 403, 408, 409, 413, 429, 503)
+_UPLOAD_PROBLEMS = (400, 401, 403, 408, 409, 413, 415, 429, 503)
 
 OUTPUT_ROUTES: tuple[Route, ...] = (
     Route(
@@ -292,7 +311,7 @@ OUTPUT_ROUTES: tuple[Route, ...] = (
         body=UploadUrlBody,
         responses={201: UploadUrlOut},
         headers=("Fencing-Token", "Worker-Id"),
-        problems=(400, 401, 403, 409, 413, 415, 501, 503),
+        problems=(400, 401, 403, 409, 413, 415, 429, 501, 503),
     ),
     Route(
         "GET",

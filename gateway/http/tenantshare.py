@@ -2,8 +2,8 @@
 
 The connection cap (:mod:`gateway.http.connections`) decides before any byte is read, when
 nobody knows whose a connection is. A connection becomes a tenant's at its first request
-that authenticates: an API key (``Authorization``) checked by the outermost middleware
-below, or a console login checked by the console's own middleware (which calls
+that authenticates: an API key (``Authorization``) checked by the gateway's middleware
+(:func:`share_refusal`), or a console login checked by the console's own middleware (which calls
 :func:`claim_connection`). From then on it counts against that tenant until it closes,
 whatever later requests on it carry (a connection is never re-attributed). A connection
 that never authenticates counts against the global cap only; so does every connection of
@@ -18,7 +18,6 @@ connections are never closed for it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +27,7 @@ from gateway.http import appkeys as K
 from gateway.http.connections import GUARD
 from gateway.http.problems import problem_response
 
-__all__ = ["claim_connection", "tenant_share"]
+__all__ = ["claim_connection", "share_refusal"]
 
 
 def claim_connection(request: web.Request, tenant: str) -> bool:
@@ -55,19 +54,18 @@ def refusal(settings_retry: int, share: int) -> web.Response:
     return response
 
 
-@web.middleware
-async def tenant_share(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Attribute the connection to the tenant of the request's API key (module docstring).
-    A missing or unknown key is the handler's to answer (401): nothing is counted."""
+def share_refusal(request: web.Request) -> web.Response | None:
+    """Attribute the connection to the tenant of the request's API key (module docstring):
+    the ``429`` to answer when that is over the tenant's share, else None. A missing or
+    unknown key is the handler's to answer (401): nothing is counted. Called by the gateway's
+    middleware (``gateway.http.app``) before the handler."""
     slot: Any = request.config_dict.get(GUARD)
     guard = slot.guard if slot is not None else None
     if guard is None or not guard.shares.share or request.transport is None:
-        return await handler(request)  # no share to count (one tenant, tests' servers)
+        return None  # no share to count (one tenant, tests' servers)
     conn = guard.open.get(request.transport)
     if conn is None or conn.tenant is not None:
-        return await handler(request)  # counted at its first authenticated request
+        return None  # counted at its first authenticated request
     header = request.headers.get("Authorization")
     auth = request.app[K.AUTH]
     if header is not None and not auth.open:
@@ -77,5 +75,5 @@ async def tenant_share(
             tenant = None
         if tenant is not None and not claim_connection(request, tenant):
             settings = request.app[K.SETTINGS].connections
-            return refusal(settings.retry_after_seconds, slot.guard.shares.share)
-    return await handler(request)
+            return refusal(settings.retry_after_seconds, guard.shares.share)
+    return None

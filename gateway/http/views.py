@@ -19,7 +19,7 @@ from gateway.core.errors import Forbidden, InvalidRequest, NotFound
 from gateway.fencing.resolution import resolve_step
 from gateway.http import appkeys as K
 from gateway.http.attention import get_attention
-from gateway.http.jobout import job_state_out
+from gateway.http.job_state_models import job_state_out
 from gateway.http.models import (
     AttentionPageOut,
     AuditEntryOut,
@@ -39,19 +39,20 @@ from gateway.http.models import (
     iso_ms,
 )
 from gateway.http.parsing import (
-    _CURSOR,
-    _LIMIT,
-    _U64,
+    CURSOR_RE,
     JSON,
-    _body,
-    _generation,
-    _job,
-    _job_as,
-    _name,
-    _record_out,
-    _step,
-    _worker_id,
+    LIMIT_RE,
+    U64,
+    checked_name,
+    generation_of,
+    job_as,
+    job_keys,
+    read_body,
+    record_out,
     respond,
+    respond_fields,
+    step_of,
+    worker_id_of,
 )
 from gateway.http.prefer import parse_prefer
 from gateway.runtime.logging import bind
@@ -76,8 +77,9 @@ class Route:
 
 
 async def register_generation(request: web.Request) -> web.Response:
-    keys, principal = _job_as(request, "scheduler")
-    body: RegisterBody = await _body(request, RegisterBody, empty_ok=True)
+    keys, principal = job_as(request)
+    principal.require_registration()
+    body: RegisterBody = await read_body(request, RegisterBody, empty_ok=True)
     reg = await request.app[K.STORE].register(
         keys,
         body.generation,
@@ -113,23 +115,26 @@ def _idempotent_request(request: web.Request) -> str | None:
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    keys, principal = _job_as(request, "worker")
-    worker_id = _worker_id(request)
-    gen = await _generation(request, keys, worker_id=worker_id)
+    keys, principal = job_as(request, "worker")
+    worker_id = worker_id_of(request)
+    gen = await generation_of(request, keys, worker_id=worker_id)
     _, lease = await request.app[K.STORE].heartbeat(keys, gen, worker_id or "", by=principal.who)
-    out = HeartbeatOut(
-        job_id=keys.job_id, generation=gen, current=True, lease_expires_at=iso_ms(lease)
-    )
-    return respond(out)
+    out = {
+        "job_id": keys.job_id,
+        "generation": gen,
+        "current": True,
+        "lease_expires_at": iso_ms(lease),
+    }
+    return respond_fields(HeartbeatOut, out)
 
 
 async def perform_effect(request: web.Request) -> web.Response:
-    keys, principal = _job_as(request, "worker")
-    step = _step(request)
-    worker_id = _worker_id(request)
-    body: EffectBody = await _body(request, EffectBody)
+    keys, principal = job_as(request, "worker")
+    step = step_of(request)
+    worker_id = worker_id_of(request)
+    body: EffectBody = await read_body(request, EffectBody)
     bind(adapter=body.adapter)
-    gen = await _generation(request, keys, step=step, worker_id=worker_id, adapter=body.adapter)
+    gen = await generation_of(request, keys, step=step, worker_id=worker_id, adapter=body.adapter)
     respond_async = "respond-async" in parse_prefer(request.headers.getall("Prefer", ()))
     res = await request.app[K.SERVICE].perform(
         keys,
@@ -156,41 +161,47 @@ async def perform_effect(request: web.Request) -> web.Response:
         )
         headers = {"Location": location, "Preference-Applied": "respond-async"}
         return respond(accepted, 202, headers=headers)
-    out = EffectOut(
-        job_id=res.job_id,
-        step=res.step,
-        generation=res.generation,
-        state="succeeded",
-        replayed=res.replayed,
-        idempotency_key=res.idempotency_key,
-        adapter=res.adapter,
-        result=res.result,
-    )
-    return respond(out, headers={"Idempotent-Replayed": "true"} if res.replayed else None)
+    out = {
+        "job_id": res.job_id,
+        "step": res.step,
+        "generation": res.generation,
+        "state": "succeeded",
+        "replayed": res.replayed,
+        "idempotency_key": res.idempotency_key,
+        "adapter": res.adapter,
+        "result": res.result,
+    }
+    replayed = {"Idempotent-Replayed": "true"} if res.replayed else None
+    return respond_fields(EffectOut, out, headers=replayed)
 
 
 async def get_effect(request: web.Request) -> web.Response:
-    keys = _job(request, "worker", "auditor")
-    step = _step(request)
+    keys = job_keys(request, "worker", "auditor")
+    step = step_of(request)
     record = await request.app[K.STORE].effect(keys, step)
     if record is None:
         raise NotFound(f"no effect recorded for {keys.job_id}:{step}")
-    return respond(_record_out(request.app[K.TENANCY], keys, step, record))
+    return respond(record_out(request.app[K.TENANCY], keys, step, record))
 
 
 async def resolve_effect(request: web.Request) -> web.Response:
-    keys, principal = _job_as(request, "auditor")
-    step = _step(request)
-    body: ResolveBody = await _body(request, ResolveBody)
+    keys, principal = job_as(request, "auditor")
+    step = step_of(request)
+    body: ResolveBody = await read_body(request, ResolveBody)
     record = await resolve_step(
-        request.app[K.STORE], keys, step, delivered=body.outcome == "delivered",
-        result=body.result, role=principal.role, by=principal.who,
-    )  # fmt: skip
-    return respond(_record_out(request.app[K.TENANCY], keys, step, record))
+        request.app[K.STORE],
+        keys,
+        step,
+        delivered=body.outcome == "delivered",
+        result=body.result,
+        role=principal.role,
+        by=principal.who,
+    )
+    return respond(record_out(request.app[K.TENANCY], keys, step, record))
 
 
 async def get_job(request: web.Request) -> web.Response:
-    keys = _job(request, "scheduler", "auditor")
+    keys = job_keys(request, "scheduler", "auditor")
     view = await request.app[K.STORE].job(keys)
     if view is None:
         raise NotFound(f"no job {keys.job_id!r} is known")
@@ -202,14 +213,14 @@ async def get_job(request: web.Request) -> web.Response:
         lease_ms=view.lease_ms,
         lease_expires_at=iso_ms(view.lease_expires_at_ms),
         cancelled=view.cancelled,
-        effects={s: _record_out(tenancy, keys, s, r) for s, r in view.effects.items()},
+        effects={s: record_out(tenancy, keys, s, r) for s, r in view.effects.items()},
         **job_state_out(keys.job_id, state),
     )
     return respond(out)
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    keys = _job(request, "scheduler")
+    keys = job_keys(request, "scheduler")
     fence, already = await request.app[K.STORE].cancel(keys)
     return respond(
         CancelOut(job_id=keys.job_id, cancelled=True, fence=fence, already_cancelled=already)
@@ -220,16 +231,16 @@ async def audit_rejections(request: web.Request) -> web.Response:
     principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
     principal.require("auditor")
     q = request.query
-    job_id = _name(q["job"], "job") if "job" in q else None
+    job_id = checked_name(q["job"], "job") if "job" in q else None
     raw_limit = q.get("limit", "100")
-    if not _LIMIT.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= 1000:
+    if not LIMIT_RE.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= 1000:
         raise InvalidRequest("limit must be an integer from 1 to 1000")
     limit = int(raw_limit)
     cursor = q.get("cursor")
     if cursor is not None:
-        m = _CURSOR.fullmatch(cursor)
+        m = CURSOR_RE.fullmatch(cursor)
         # a stream id: two unsigned 64-bit numbers, above 0-0 (the page ends before it)
-        if m is None or int(m[1]) > _U64 or int(m[2]) > _U64 or int(m[1]) + int(m[2]) == 0:
+        if m is None or int(m[1]) > U64 or int(m[2]) > U64 or int(m[1]) + int(m[2]) == 0:
             raise InvalidRequest("cursor must be a value returned as next_cursor")
     entries, next_cursor = await request.app[K.STORE].audit(
         principal.tenant, job_id=job_id, limit=limit, cursor=cursor
@@ -304,8 +315,9 @@ ROUTES: tuple[Route, ...] = (
         "POST",
         "/v1/jobs/{job}/generations",
         register_generation,
-        "Register a generation at takeover (omit `generation` to allocate the next one)",
-        roles=("scheduler",),
+        "Register a generation at takeover (omit `generation` to allocate the next one); "
+        "a worker key with `claims = true` may too",
+        roles=("scheduler", "worker with claims = true"),
         body=RegisterBody,
         headers=("Idempotency-Key",),
         responses={201: GenerationOut, 200: GenerationOut},

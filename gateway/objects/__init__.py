@@ -1,4 +1,4 @@
-"""Object stores for attempt-scoped job outputs (issue 16), through ``obstore``.
+"""Object stores for attempt-scoped job outputs, through ``obstore``.
 
 :mod:`gateway.objects.store` is the one module that talks to an object store: the local
 filesystem (the embedded default) or S3 (any S3-compatible service). It knows nothing

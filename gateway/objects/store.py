@@ -147,9 +147,12 @@ class ObjectStore:
         _runtime["started"] = True
         try:
             result = await obstore.put_async(
-                self._store, self.prefix + key, chunks, attributes=attributes,
+                self._store,
+                self.prefix + key,
+                chunks,
+                attributes=attributes,
                 chunk_size=8 * 1024 * 1024,
-            )  # fmt: skip
+            )
         except (ObstoreBaseError, OSError) as exc:
             raise ObjectStoreError(f"object store put failed: {exc}") from exc
         if self.kind == "file":
@@ -346,7 +349,3 @@ def build_object_store(settings: Settings, secret: Callable[[str, str], str]) ->
         config["virtual_hosted_style_request"] = False
     store = S3Store(out.bucket, config=config, client_options={"allow_http": out.allow_http})
     return ObjectStore(store, "s3", out.prefix, f"s3://{out.bucket}/{out.prefix}")
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)

@@ -8,7 +8,8 @@ dict update, merging a dict copy. JSON is rendered by orjson straight to bytes.
 
 Lines are written through one :class:`LineSink` per process: the canonical request lines
 are buffered and written together (at most every :data:`FLUSH_SECONDS`, or when the buffer
-holds :data:`FLUSH_BYTES`) instead of one ``write`` and ``flush`` system call per request;
+holds :data:`FLUSH_BYTES`) instead of one ``write`` and ``flush`` system call per request (so
+are the batches of :func:`log_info_lines`, e.g. the audit anchors of one tick);
 every other line (warnings, errors, start-up) first writes what is buffered, then itself, at
 once, so the order of lines is kept. The buffer is written at shutdown (the app's cleanup
 and ``atexit``): a process killed with SIGKILL loses at most its last
@@ -19,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import datetime
 import functools
 import logging
 import re
 import sys
+import time
 from collections.abc import Iterable, MutableMapping
 from contextvars import ContextVar
 from typing import Any
@@ -38,9 +39,11 @@ __all__ = [
     "end_request",
     "escape_controls",
     "flush_logs",
+    "log_info_lines",
     "log_request",
     "redactor",
     "request_context",
+    "request_field",
 ]
 
 _REQUEST: ContextVar[dict[str, Any] | None] = ContextVar("fencegate_request", default=None)
@@ -51,6 +54,12 @@ def request_context(**fields: Any) -> dict[str, Any]:
     context = dict(fields)
     _REQUEST.set(context)
     return context
+
+
+def request_field(name: str) -> Any:
+    """A field of the current request's log context (None outside a request)."""
+    context = _REQUEST.get()
+    return None if context is None else context.get(name)
 
 
 def end_request() -> None:
@@ -211,18 +220,42 @@ class _RequestLine:
         procs = structlog.get_config()["processors"]
         return procs is self.processors and procs[-1] is self.renderer
 
-    def write(self, event: dict[str, Any]) -> None:
+    def write(self, event: dict[str, Any], name: str = "request") -> None:
         if not self.enabled:
             return
-        event["event"] = "request"
-        structlog.contextvars.merge_contextvars(None, "info", event)
+        event["event"] = name
+        _merge_structlog_context(event)
         event["level"] = "info"
-        event["timestamp"] = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+        event["timestamp"] = iso_utc(time.time_ns())
         self.redact(None, "info", event)
         self.sink.later(self.renderer(None, "info", event) + b"\n")  # the chain's JSONRenderer
 
 
 _line: _RequestLine | None = None
+
+# structlog's own context variables (bind_contextvars), by name: none bound in this process,
+# nothing to merge (merge_contextvars walks every context variable of the context to know)
+_STRUCTLOG_VARS: dict[str, Any] | None = getattr(structlog.contextvars, "_CONTEXT_VARS", None)
+
+
+def _merge_structlog_context(event: dict[str, Any]) -> None:
+    if _STRUCTLOG_VARS is None or _STRUCTLOG_VARS:
+        structlog.contextvars.merge_contextvars(None, "info", event)
+
+
+_clock_second: list[Any] = [None, ""]  # the second last formatted, and its text
+
+
+def iso_utc(ns: int) -> str:
+    """What structlog's ``TimeStamper(fmt="iso", utc=True)`` writes for the instant ``ns``
+    (nanoseconds since the epoch, floored to the microsecond as ``datetime.now`` does; no
+    fraction when it is 0), with the date and time of day formatted once per second."""
+    second, rest = divmod(ns, 1_000_000_000)
+    if _clock_second[0] != second:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _clock_second[0], _clock_second[1] = second, text
+    micro = rest // 1000
+    return f"{_clock_second[1]}.{micro:06d}Z" if micro else f"{_clock_second[1]}Z"
 
 
 def log_request(event: dict[str, Any]) -> None:
@@ -232,6 +265,18 @@ def log_request(event: dict[str, Any]) -> None:
         line.write(event)
     else:
         _log.info("request", **event)
+
+
+def log_info_lines(name: str, events: Iterable[dict[str, Any]]) -> None:
+    """Log an ``info`` line named ``name`` per event, buffered like the request lines (a
+    periodic task's batch: one write for all of them; the dicts are consumed)."""
+    line = _line
+    if line is not None and line.active():
+        for event in events:
+            line.write(event, name)
+    else:
+        for event in events:
+            _log.info(name, **event)
 
 
 def configure_logging(

@@ -17,7 +17,14 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.runtime.redis_settings import RedisSettings
@@ -33,6 +40,7 @@ __all__ = [
     "ConsoleSettings",
     "FencingSettings",
     "OutputSettings",
+    "ProxySettings",
     "QuotaSettings",
     "RedisSettings",
     "ServerSettings",
@@ -53,34 +61,50 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # every field's docstring is its description: docs/configuration.md and the example
+    # config are written from them (gateway.cli.configdoc)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ServerSettings(_Section):
+    """The HTTP server (``[server]``)."""
+
     host: str = "127.0.0.1"
+    """Bind address; without `[[auth.keys]]` only a loopback address is allowed."""
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    """TCP port (0: any free port)."""
     max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 262_144
-    # Bounds on a JSON body's shape: nesting depth, values in total, one string's length.
+    """Largest request body; a larger one gets 413 `payload_too_large`."""
     max_json_depth: Annotated[int, Field(ge=2, le=512)] = 32
+    """Deepest nesting of a JSON body; deeper: 400."""
     max_json_items: Annotated[int, Field(ge=10, le=1_000_000)] = 10_000
+    """JSON values in one body, in total; more: 400."""
     max_string_bytes: Annotated[int, Field(ge=16, le=64 * 1024 * 1024)] = 65_536
-    # On SIGTERM: how long in-flight dispatches may take to finish and record their
-    # outcome; the rest are recorded as unknown.
+    """Longest string or object key anywhere in a JSON body; longer: 400."""
     shutdown_grace_seconds: Annotated[float, Field(ge=0, le=3600)] = 10.0
-    # /metrics answers only peers on a loopback address unless this is true
-    # (put it behind your scrape network's own controls before enabling).
+    """On SIGTERM, how long in-flight dispatches may take to finish and record their
+    outcome; the rest are recorded `unknown`."""
     metrics_public: bool = False
-    # The canonical line per request: "all", or "problems" (responses >= 400 only,
-    # rejections included; saves its CPU on the success path).
+    """`/metrics` answers only peers on a loopback address unless this is true (put it behind
+    your scrape network's own controls before enabling)."""
     request_log: Literal["all", "problems"] = "all"
-    # "auto": uvloop when it is installed (the `fast` extra), else asyncio's own loop.
+    """The canonical JSON line per request: `all`, or `problems` (responses >= 400 only;
+    every rejection, with both generations, is still logged, and the audit log in Redis is
+    unaffected): it saves the line's CPU on the success path (see
+    [Performance](./performance.md#performance))."""
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
-    # Browsers (gateway.http.browser): the Host names this gateway answers to ("name" any port,
-    # "name:port" that port, "*" any); unset: loopback names in open mode, any with keys.
-    allowed_hosts: tuple[str, ...] | None = None
-    # Origins whose requests are served (scheme://host[:port]); default none: a request
-    # with an Origin header is refused. No CORS headers are sent either way.
+    """`auto`: uvloop when it is installed (`pip install 'fencegate[fast]'`; `make` and the
+    Docker image install it), else asyncio's own loop; `uvloop` refuses to start without it;
+    `asyncio`."""
+    allowed_hosts: Annotated[
+        tuple[str, ...] | None, Field(examples=[("gateway.internal", "gateway.internal:8443")])
+    ] = None
+    """The `Host` names this gateway answers to: `"name"` (any port), `"name:port"` (that
+    port) or `"*"` (any); unset: loopback names in open mode, any name with keys; any other
+    Host gets 403 (see [Security](./security.md#security))."""
     allowed_origins: tuple[str, ...] = ()
+    """Origins (`scheme://host[:port]`) whose requests are served; a request with any other
+    `Origin` header gets 403. No CORS headers are sent either way."""
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -116,97 +140,140 @@ class ServerSettings(_Section):
 
 
 class FencingSettings(_Section):
+    """The fence, the relay and the records (``[fencing]``)."""
+
     registration: Literal["required", "implicit"] = "required"
+    """`required`: a job's generation comes from `POST /v1/jobs/{job}/register`; `implicit`:
+    the highest generation seen so far is the fence (use it with signed tokens)."""
     dispatch_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30
+    """How long a dispatch may hold its step."""
     retention_seconds: Annotated[int, Field(ge=60)] = 604_800
-    # The relay: due steps taken per tenant per turn (fairness), and how often it reads
-    # every slot's queue again (finds a step whose hint was lost in a crash).
-    relay_per_tenant: Annotated[int, Field(ge=1, le=1000)] = 16
+    """How long effect records, checkpoints and audit entries are kept after their last use;
+    fences and completions are never expired."""
     relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
-    # How often every gateway rebuilds the tenants' "needs a decision" hints from the slots'
-    # indexes (a hint lost in a crash; a dispatch that passed its deadline shows up then).
+    """How often the relay reads every slot's queue again: a queued step whose hint was lost
+    in a crash (between its admit and its hint) is relayed within this. An operator's
+    trade-off on a Cluster, where each sweep reads all 16,384 slot queues."""
     attention_reconcile_seconds: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    """How often one gateway of the deployment (the first to take the interval's turn)
+    rebuilds the tenants' "needs a decision" hints from every slot's index: a hint lost in a
+    crash reappears, and a dispatch past its deadline shows up in `GET /v1/attention` within
+    this (see [How it is built](./architecture.md#needs-a-decision-the-index))."""
 
 
 class CheckpointSettings(_Section):
     """A job's checkpoints (``[checkpoints]``)."""
 
-    # The largest checkpoint value (its JSON body, bytes); a larger one is refused with 413.
     max_bytes: Annotated[int, Field(ge=16, le=16 * 1024 * 1024)] = 65_536
-    # The most checkpoint names one job holds: a new name past it is refused (413
-    # too_many_checkpoints); writing a stored name again is always taken.
+    """The largest checkpoint value (its JSON body, bytes); larger: 413
+    (`server.max_body_bytes` bounds it too)."""
     max_per_job: Annotated[int, Field(ge=1, le=100_000)] = 100
+    """The most checkpoint names one job holds: a new name past it gets 413
+    `too_many_checkpoints`; a stored name can always be written again."""
 
 
 class ConnectionSettings(_Section):
     """Connection hygiene of the HTTP server (``[connections]``)."""
 
-    # Connections open at once. At the cap, the connection idle longest (a keep-alive one
-    # whose last response is written counts), else the oldest still sending a request head,
-    # is closed for the new one; if every one is serving a request, the new one gets 503
-    # with Retry-After and is closed. Kept below the file-descriptor limit (raised at start).
     max: Annotated[int, Field(ge=8, le=1_000_000)] = 4096
-    # A new connection must send a complete request head within this, and a keep-alive
-    # connection is closed after this long idle.
+    """Connections open at once, kept below the file-descriptor limit (raised at start). At
+    the cap the connection idle longest (a keep-alive one is idle again once its response is
+    written), else the oldest still sending its request head, is closed for the new one; if
+    every one is serving a request, the new one gets 503 with `Retry-After` and is closed."""
     idle_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 15.0
-    # A request's whole body must arrive within this (else 408 and the connection closes).
+    """A new connection must send a complete request head within this, and a keep-alive
+    connection is closed after this long idle."""
     body_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    """A request's whole body must arrive within this, else 408 `request_timeout` and the
+    connection closes."""
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 1
-    # One tenant's share of `max`: connections whose first authenticated request (API key or
-    # console login) named the tenant. Past it, that tenant's connection idle longest is
-    # closed for the new one, else the new one gets 429 too_many_held and is closed. 0: half
-    # of `max` when the deployment has several tenants, no share with one.
+    """`Retry-After` of the 503 at the cap."""
     max_per_tenant: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    """One tenant's share of `connections.max`: connections whose first authenticated
+    request (API key or console login) named the tenant. At the share, that tenant's
+    connection idle longest is closed for the new one, else the new one gets 429
+    `too_many_held` with `Retry-After` and is closed. 0: half of `max` when the deployment
+    has several tenants, no share with one."""
     backlog: Annotated[int, Field(ge=16, le=65535)] = 1024
-    # Lines per second from the server's own loggers (aiohttp, asyncio); the rest are
-    # counted and reported in one JSON line.
+    """The listen backlog."""
     log_lines_per_second: Annotated[float, Field(gt=0, le=100_000)] = 20.0
+    """Lines per second from the server's own loggers (aiohttp, asyncio), as JSON; the rest
+    are counted and reported in one line (`suppressed`)."""
 
 
 class BulkheadSettings(_Section):
     """HTTP connection pools of the adapters (``[bulkheads]``)."""
 
-    # One bounded pool per adapter, and per tenant of an adapter when per_tenant is true.
     connections_per_pool: Annotated[int, Field(ge=1, le=10_000)] = 32
-    # How long a send may wait for a connection of its pool; past it nothing was sent and
-    # the step is released (502 adapter_unavailable).
+    """HTTP connections of one adapter's pool (one pool per tenant with `per_tenant`)."""
     pool_wait_seconds: Annotated[float, Field(gt=0, le=3600)] = 2.0
+    """How long a send may wait for a connection of its pool; past it nothing was sent and
+    the step is released (502 `adapter_unavailable`)."""
     per_tenant: bool = True
+    """A pool per adapter and tenant; `false`: one pool per adapter."""
 
 
 class TenantQuota(_Section):
-    effects_per_window: Annotated[int, Field(ge=0)] | None = None
-    rejections_per_window: Annotated[int, Field(ge=0)] | None = None
-    payload_bytes: Annotated[int, Field(ge=0)] | None = None
-    checkpoint_bytes: Annotated[int, Field(ge=0)] | None = None
+    """One tenant's own quotas (``[quotas.tenants.<tenant>]``); an unset key takes the
+    ``[quotas]`` value."""
+
+    effects_per_window: Annotated[int | None, Field(ge=0, examples=[100_000])] = None
+    """This tenant's `quotas.effects_per_window`."""
+    rejections_per_window: Annotated[int | None, Field(ge=0, examples=[10_000])] = None
+    """This tenant's `quotas.rejections_per_window`."""
+    payload_bytes: Annotated[int | None, Field(ge=0, examples=[16_777_216])] = None
+    """This tenant's `quotas.payload_bytes`."""
+    checkpoint_bytes: Annotated[int | None, Field(ge=0, examples=[16_777_216])] = None
+    """This tenant's `quotas.checkpoint_bytes`."""
+    output_bytes: Annotated[int | None, Field(ge=0, examples=[268_435_456])] = None
+    """This tenant's `quotas.output_bytes`."""
+    output_objects: Annotated[int | None, Field(ge=0, examples=[1000])] = None
+    """This tenant's `quotas.output_objects`."""
 
 
 class QuotaSettings(_Section):
-    """Per-tenant quotas (``[quotas]``, ``[quotas.tenants.<name>]``); 0 means no cap."""
+    """Per-tenant quotas (``[quotas]``, ``[quotas.tenants.<tenant>]``); 0 means no cap."""
 
-    # Effect calls admitted or queued per tenant per window (replays, "in progress" answers
-    # and rejections are not counted here).
     effects_per_window: Annotated[int, Field(ge=0)] = 0
-    # Effect calls rejected by the fence per tenant per window that are audited one by one;
-    # past it a rejection is still answered (409) and counted, not audited.
-    rejections_per_window: Annotated[int, Field(ge=0)] = 0
+    """Effect calls admitted or queued per tenant per window (replays, "in progress" answers
+    and rejections are not counted); past it 429 until the window ends; 0: no cap."""
+    rejections_per_window: Annotated[int, Field(ge=0)] = 10_000
+    """Rejections of fenced calls (effect calls, heartbeats, checkpoints, completions, output
+    uploads, bad signed tokens) per tenant per window that are audited one by one; past it a
+    rejection is still answered (409) and counted (`fencegate_quota_rejections`), not audited,
+    and the feed gets a summary entry at most once a second; 0: no cap (a zombie flood grows
+    the audit streams without bound)."""
     window_seconds: Annotated[int, Field(ge=1, le=86_400)] = 3600
-    # Async payload bytes a tenant may have stored for the relay at once (each payload
-    # counts its size plus 1 KiB for the records around it).
+    """The window of `effects_per_window` and `rejections_per_window`."""
     payload_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
-    # Checkpoint bytes a tenant may have stored, over all its jobs (each checkpoint counts
-    # its stored record plus 256 bytes; freed when the job's checkpoints expire).
+    """Async payload bytes a tenant may have stored for the relay at once (each payload
+    counts its size plus 1 KiB for the records around it); past it 429; 0: no cap."""
     checkpoint_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
-    # Retry-After of a 429 for stored payloads (the relay frees them as it delivers) and
-    # for stored checkpoints.
+    """Checkpoint bytes a tenant may have stored over all its jobs (each checkpoint counts
+    its stored record plus 256 bytes; freed when the job's checkpoints expire); over it only
+    a checkpoint written again no larger is taken, the rest get 429; 0: no cap (nothing
+    counted)."""
+    output_bytes: Annotated[int, Field(ge=0)] = 1024 * 1024 * 1024
+    """Bytes of outputs a tenant may have in the output store (staged, recorded or promoted:
+    each object its size; an upload reserves its `Content-Length`, a chunked body 1 MiB at a
+    time as it arrives, a presigned URL `outputs.max_bytes`); freed when the object is
+    deleted (the sweeper, a failed upload); over it 429 `quota_exceeded`, nothing stored; 0:
+    no cap (still counted). Charged by the uploads themselves, whatever the other caps say."""
+    output_objects: Annotated[int, Field(ge=0)] = 10_000
+    """Objects a tenant may have in the output store (an upload of a name already stored
+    adds none); 0: no cap."""
     retry_after_seconds: Annotated[int, Field(ge=1, le=3600)] = 5
+    """`Retry-After` of a payload-, checkpoint- or output-quota 429 (the relay frees payloads
+    as it delivers); an effects 429 says when its window ends."""
     tenants: dict[str, TenantQuota] = {}
+    """Per-tenant overrides, one table per tenant."""
 
     @property
     def enabled(self) -> bool:
         """Some tenant has a cap on effect calls: the effect service's admission hook is
-        built (else nothing is called per effect call). ``checkpoint_bytes`` is charged by
-        the checkpoint writes themselves, whatever this says."""
+        built (else nothing is called per effect call). ``checkpoint_bytes`` and the output
+        caps are charged by the checkpoint writes and uploads themselves, whatever this
+        says."""
         caps = [self.effects_per_window, self.rejections_per_window, self.payload_bytes]
         for own in self.tenants.values():
             caps += [own.effects_per_window or 0, own.rejections_per_window or 0]
@@ -218,13 +285,25 @@ Role = Literal["worker", "scheduler", "auditor", "admin"]
 
 
 class AuthKey(_Section):
-    role: Role
-    sha256: str = ""
+    """One API key (``[[auth.keys]]``, one table per key): ``fencegate keys new --role
+    worker --tenant default`` prints a key and its lines."""
+
+    role: Annotated[Role, Field(examples=["worker"])]
+    """`worker`, `scheduler`, `auditor` or `admin`."""
+    sha256: Annotated[str, Field(examples=["<hex SHA-256 digest of the key>"])] = ""
+    """The hex SHA-256 digest of the key (or set `key_env`)."""
     key_env: str = ""
+    """The environment variable holding the key itself (instead of `sha256`)."""
     tenant: str = "default"
-    # Who holds the key (a person or a system): recorded as `by` with registrations and
-    # operator resolutions. Unset: the role is recorded.
-    name: str = ""
+    """The tenant of the key: job ids live in its namespace."""
+    name: Annotated[str, Field(examples=["alice@example.com"])] = ""
+    """Who holds the key, a person or a system (`[A-Za-z0-9][A-Za-z0-9._@-]{0,63}`): recorded
+    as `by` with every registration (and implicit registration) in the job's audit chain and
+    with operator resolutions (`resolved_by`); unset: the role is recorded."""
+    claims: bool = False
+    """A `worker` key that may also claim: register the next generation of a job of its tenant
+    it is starting (`POST /v1/jobs/{job}/generations`, allocated or the framework's own
+    counter), and nothing else a scheduler may do; only on worker keys."""
 
     @field_validator("name")
     @classmethod
@@ -232,6 +311,12 @@ class AuthKey(_Section):
         if v and not KEY_NAME_RE.fullmatch(v):
             raise ValueError(f"name must match {KEY_NAME_RE.pattern}")
         return v
+
+    @model_validator(mode="after")
+    def _claims_on_workers(self) -> AuthKey:
+        if self.claims and self.role != "worker":
+            raise ValueError(f"claims = true is for worker keys, not {self.role} keys")
+        return self
 
     @field_validator("sha256")
     @classmethod
@@ -249,94 +334,148 @@ class AuthKey(_Section):
 
 
 class AuthSettings(_Section):
-    # Names the env var holding the HMAC key(s); comma-separated for rotation, the first signs.
+    """API keys and signed tokens (``[auth]``). No keys: the gateway is open (every caller
+    is `admin` of tenant `default`) and binds a loopback address only."""
+
     token_signing_key_env: str = ""
+    """The environment variable holding the HMAC key(s) of signed tokens (>= 32 bytes),
+    comma-separated for rotation (the first signs); empty: unsigned tokens."""
     token_ttl_seconds: Annotated[int, Field(ge=60, le=90 * 86400)] = 86_400
+    """Lifetime of the signed tokens a registration returns."""
     keys: tuple[AuthKey, ...] = ()
+    """The API keys, one `[[auth.keys]]` table each."""
 
 
 class AuditSettings(_Section):
-    # Names the env var holding the audit chain's HMAC key(s); comma-separated for rotation,
-    # the first keys new entries and anchors. Empty: an unkeyed chain (accidental damage only).
+    """The audit chains and their anchors (``[audit]``)."""
+
     key_env: str = ""
-    # How often the heads of the chains this gateway extended are anchored outside Redis.
+    """The environment variable holding the audit chain's HMAC key(s), >= 16 bytes
+    (`"new,old"` rotates: the first keys new entries and anchors, both verify); never stored
+    in Redis, never logged. Empty: an unkeyed chain, which detects accidental damage only."""
     anchor_interval_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
-    # The anchor file (JSON lines, append-only); empty: <redis.data_dir>/audit-anchors.jsonl.
+    """How often the heads of the chains this gateway extended are anchored outside Redis
+    (also at shutdown); entries newer than a job's last anchor can be deleted without
+    `audit verify` noticing."""
     anchor_file: str = ""
+    """The anchor file (JSON lines, append-only, fsynced); empty:
+    `<redis.data_dir>/audit-anchors.jsonl`."""
 
 
 class ConsoleSettings(_Section):
-    """The web console under ``/console`` (``[console]``, gateway.console)."""
+    """The web console under ``/console`` (``[console]``, docs/console.md)."""
 
     enabled: bool = True
-    # Hide and refuse the Resolve form for every key (an auditors' console).
+    """Serve the web console under `/console` (see [Console](./console.md#console))."""
     read_only: bool = False
-    # How long a login lasts (the signed cookie's expiry).
+    """Hide and refuse the console's Resolve form for every key (an auditors' console)."""
     cookie_ttl_seconds: Annotated[int, Field(ge=60, le=7 * 86400)] = 8 * 3600
-    # Names the env var with the secret that signs console cookies and CSRF tokens (the same in
-    # every gateway host behind one name: set it when several hosts serve one console); empty:
-    # a random secret kept in <redis.data_dir>/console.secret (mode 0600, created once, shared
-    # by the workers and gateways of that data dir). Never derived from API or signing keys.
+    """How long a console login lasts (the signed cookie's expiry)."""
     secret_env: str = ""
-    # Browsers reach the console over HTTPS through a TLS-terminating proxy in front of the
-    # gateway: the login cookie is then __Host-fg_console (Secure, Path=/, no Domain), as it
-    # is on a TLS connection. (List the https:// origin in server.allowed_origins too.)
+    """The environment variable with the secret that signs console cookies, CSRF tokens and
+    proofs of login: set it, the same on every host, when several hosts serve one console;
+    empty: a random secret kept in `<redis.data_dir>/console.secret` (mode 0600, created
+    once, shared by the workers and gateways of that data dir). Never derived from API,
+    signing or audit keys."""
     https: bool = False
-    # Failed logins, counted in Redis (every process and host alike) in fixed windows: past
-    # per_peer failures from one peer address, or total from all peers, logins are refused
-    # with 429 and Retry-After until the window ends; 0 turns a limit off.
+    """Browsers reach the console over HTTPS through a TLS-terminating proxy in front of the
+    gateway: the login cookie is then `__Host-fg_console` (`Secure`, `Path=/`, no `Domain`),
+    as on a TLS connection; list the `https://` origin in `server.allowed_origins` too."""
     login_failures_per_peer: Annotated[int, Field(ge=0, le=1_000_000)] = 10
+    """Failed console logins from one peer address per window (counted in Redis, every
+    process and host alike); past it, 429 with `Retry-After` until the window ends; 0: no
+    limit."""
     login_failures_total: Annotated[int, Field(ge=0, le=1_000_000)] = 200
+    """The same for all peers together; 0: no limit."""
     login_window_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
-    # Live pages: how often the process reads the tenant feeds (one read per tenant with open
-    # tabs, whatever the number of tabs), and the SSE keep-alive (a closed tab is noticed
-    # within about this long).
+    """The window of both login counts (it starts at the first failure)."""
     poll_seconds: Annotated[float, Field(ge=0.05, le=60)] = 1.0
+    """How often a process reads the tenant feeds that have open console tabs (one read per
+    tenant, whatever the number of tabs): the live pages' delay against Redis reads per
+    tenant."""
     sse_ping_seconds: Annotated[float, Field(ge=0.1, le=60)] = 5.0
-    # Live streams open at once per login (browser tabs) and per tenant, in each gateway
-    # process; past either, a new one gets 429 too_many_held with Retry-After. 0: no cap.
+    """Keep-alive of the console's live streams: a closed tab is noticed within about this
+    long; keep it below the idle timeout of any proxy in front of the console."""
     sse_per_session: Annotated[int, Field(ge=0, le=100_000)] = 4
+    """Live streams (browser tabs) open at once per login, in each gateway process; past it,
+    429 `too_many_held` with `Retry-After`; 0: no cap."""
     sse_per_tenant: Annotated[int, Field(ge=0, le=100_000)] = 16
+    """Live streams open at once per tenant, in each gateway process; past it, 429
+    `too_many_held` with `Retry-After`; 0: no cap."""
+    export_scan_entries: Annotated[int, Field(ge=500, le=10_000_000)] = 50_000
+    """Feed entries one console export (rejections.csv / .json) looks at: past it the export
+    ends early and names where to go on (`Fencegate-Export-Next`, passed back as `cursor`)."""
+    exports_per_session: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Console exports running at once per login, in each gateway process; past it, 429
+    `too_many_held`; 0: no cap."""
+    exports_per_tenant: Annotated[int, Field(ge=0, le=1000)] = 2
+    """Console exports running at once per tenant, in each gateway process; past it, 429
+    `too_many_held`; 0: no cap."""
+    chain_check_interval_seconds: Annotated[float, Field(ge=0, le=86_400)] = 60.0
+    """A tenant's chain check (the Audit chain page) starts no sooner than this after its last
+    one started (one at a time per tenant and process; a click in between shows the last)."""
+    chain_check_max_entries: Annotated[int, Field(ge=10, le=100_000_000)] = 1_000_000
+    """Audit entries one chain check reads over all the tenant's chains (in pages of 1,000);
+    past it the check stops and says so, concluding nothing about the chain it stopped in."""
 
 
 class OutputSettings(_Section):
     """Attempt-scoped job outputs in an object store (``[outputs]``, docs/outputs.md)."""
 
-    # "file": a directory on this machine (default: <redis.data_dir>-outputs, beside the
-    # embedded Redis's data); "s3": a bucket of any S3-compatible service.
     store: Literal["file", "s3"] = "file"
-    path: str = ""  # file store: the directory; empty: the sibling of redis.data_dir
-    bucket: str = ""  # s3
-    prefix: str = ""  # every key is <prefix><tenant>/<job>/g<generation>/<name>
-    endpoint: str = ""  # s3: empty for AWS itself; http(s)://host:port for others
+    """Where outputs go (see [Outputs](./outputs.md#outputs)): `file`, a directory on this
+    machine; `s3`, a bucket of any S3-compatible service."""
+    path: str = ""
+    """File store: the directory; empty: `<redis.data_dir>-outputs`, beside the embedded
+    Redis's data (`make run` needs nothing)."""
+    bucket: str = ""
+    """S3: the bucket (required)."""
+    prefix: str = ""
+    """Every key is `<prefix><tenant>/<job>/g<generation>/<name>`: empty, or a relative
+    prefix that ends with `/`."""
+    endpoint: str = ""
+    """S3: empty for AWS itself; `http(s)://host:port` for others (MinIO, Ceph, R2 ...)."""
     region: str = "us-east-1"
-    # s3 credentials: the names of the environment variables that hold them (never the
-    # values); both empty: the ambient AWS credential chain of the process.
+    """S3: the region."""
     access_key_id_env: str = ""
+    """S3: the environment variable that holds the access key id (never the value); this and
+    `secret_access_key_env` empty: the ambient AWS credential chain of the process."""
     secret_access_key_env: str = ""
+    """S3: the environment variable that holds the secret access key."""
     session_token_env: str = ""
-    allow_http: bool = False  # s3: a plain-HTTP endpoint (a loopback test server)
-    # file store: free space kept on its volume (plus redis.min_free_mb when the embedded
-    # Redis's data dir is on the same volume): an upload that would go below it gets 507.
+    """S3: the environment variable that holds a session token (temporary credentials)."""
+    allow_http: bool = False
+    """S3: a plain-HTTP endpoint (a loopback test server only)."""
     min_free_mb: Annotated[int, Field(ge=0, le=1_048_576)] = 256
-    # One output's size bound: a larger body is refused with 413 while it streams.
+    """File store: free space kept on its volume (plus `redis.min_free_mb` when the embedded
+    Redis's data dir is on the same volume): an upload that would go below it gets 507
+    `insufficient_storage`."""
     max_bytes: Annotated[int, Field(ge=1, le=5 * 1024**4)] = 1024**3
-    # How long one upload through the gateway may take (the stage decision's deadline);
-    # a presigned upload URL is valid this long.
+    """One output's size bound: 413 as soon as a streamed body passes it (never buffered); a
+    presigned upload larger than it is deleted at completion (413, nothing recorded)."""
     upload_timeout_seconds: Annotated[float, Field(gt=0, le=7 * 86_400)] = 3600.0
-    # Uploads through the gateway running at once per tenant, in each gateway process; past
-    # it, 429 too_many_held with Retry-After before anything is staged. 0: no cap.
+    """How long one upload through the gateway may take (its claim's deadline); a presigned
+    upload URL is valid this long."""
     uploads_per_tenant: Annotated[int, Field(ge=0, le=100_000)] = 8
-    # An upload slower than this, measured over each window of min_upload_window_seconds,
-    # is cut with 408 request_timeout (nothing recorded, its claim freed). 0: no floor.
+    """Uploads through the gateway running at once per tenant, in each gateway process; past
+    it, 429 `too_many_held` with `Retry-After` before anything is staged; 0: no cap."""
     min_upload_bytes_per_second: Annotated[int, Field(ge=0, le=1024**3)] = 1024
+    """An upload slower than this over a window of `min_upload_window_seconds` (time spent
+    waiting for the client only) is cut with 408 `request_timeout`, nothing recorded, its
+    claim freed; 0: no floor."""
     min_upload_window_seconds: Annotated[float, Field(ge=1, le=3600)] = 10.0
-    # Reads of a promoted output (S3): redirect to a signed GET URL instead of streaming.
+    """The window of `min_upload_bytes_per_second`: a client may stall this long before the
+    floor applies."""
     redirect_reads: bool = False
-    # An orphan is deleted by the sweeper once it is older than this.
+    """S3: `GET .../outputs/{name}` answers 307 to a signed GET URL (valid 300 s) instead of
+    streaming, for inert media types only (images, archives, `application/octet-stream`);
+    every other type streams as an attachment."""
     orphan_grace_seconds: Annotated[float, Field(ge=0, le=365 * 86_400)] = 3600.0
-    # How often each gateway sweeps (0: never; `fencegate outputs sweep` runs it once).
+    """An orphan object is deleted by the sweeper once older than this (auditors can read it
+    meanwhile)."""
     sweep_interval_seconds: Annotated[float, Field(ge=0, le=86_400)] = 300.0
+    """How often each gateway runs the orphan sweeper (0: never; `fencegate outputs sweep`
+    runs it once)."""
 
     @field_validator("prefix")
     @classmethod
@@ -344,6 +483,36 @@ class OutputSettings(_Section):
         if v and (not v.endswith("/") or v.startswith("/") or ".." in v.split("/")):
             raise ValueError("prefix must be relative, end with '/' and have no '..' segment")
         return v
+
+
+class ProxySettings(_Section):
+    """Request bodies of the reverse proxy (``[proxy]``, docs/proxy.md#bodies); every
+    upstream alike."""
+
+    buffer_bytes: Annotated[int, Field(ge=1024, le=64 * 1024**2)] = 262_144
+    """A proxied request body (decoded) up to this is held in memory; a longer one is
+    spooled to a file (`spool_bytes`), or 413 when spooling is off."""
+    spool_bytes: Annotated[int, Field(ge=0, le=64 * 1024**3)] = 0
+    """The longest body spooled to disk, per request, as sent and decoded (longer: 413);
+    0: no spooling, a body over `buffer_bytes` is 413."""
+    spool_dir: str = ""
+    """Where spooled bodies are written (files of mode 0600, removed once the request is
+    answered, refused, or its client went away); empty: `<redis.data_dir>/proxy-spool`."""
+    spool_bytes_per_tenant: Annotated[int, Field(ge=0, le=1024**4)] = 256 * 1024**2
+    """The bytes one tenant's requests may have spooled at once, in each gateway process;
+    past it, 503 `too_many_held` with `Retry-After`, the file removed, nothing sent (other
+    tenants unaffected); 0: no cap of its own."""
+    spool_bytes_total: Annotated[int, Field(ge=0, le=1024**4)] = 1024**3
+    """The bytes all tenants' requests may have spooled at once, in each gateway process;
+    past it, the same 503; 0: no cap."""
+
+    @model_validator(mode="after")
+    def _one_body_fits(self) -> ProxySettings:
+        # a body the caps could never hold would be refused as "later" forever
+        for cap in ("spool_bytes_per_tenant", "spool_bytes_total"):
+            if getattr(self, cap) and self.spool_bytes > getattr(self, cap):
+                raise ValueError(f"spool_bytes ({self.spool_bytes}) is more than {cap}")
+        return self
 
 
 class Settings(BaseSettings):
@@ -354,21 +523,31 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        use_attribute_docstrings=True,
     )
 
+    # the sections in the order docs/configuration.md and the example config list them
     server: ServerSettings = ServerSettings()
     redis: RedisSettings = RedisSettings()
-    fencing: FencingSettings = FencingSettings()
-    auth: AuthSettings = AuthSettings()
-    audit: AuditSettings = AuditSettings()
     connections: ConnectionSettings = ConnectionSettings()
     bulkheads: BulkheadSettings = BulkheadSettings()
     quotas: QuotaSettings = QuotaSettings()
-    console: ConsoleSettings = ConsoleSettings()
+    fencing: FencingSettings = FencingSettings()
     checkpoints: CheckpointSettings = CheckpointSettings()
+    auth: AuthSettings = AuthSettings()
+    audit: AuditSettings = AuditSettings()
+    console: ConsoleSettings = ConsoleSettings()
     outputs: OutputSettings = OutputSettings()
-    # Each adapter section is validated by its own type's model (adapters.registry).
+    proxy: ProxySettings = ProxySettings()
     adapters: dict[str, dict[str, Any]] = {}
+    """One `[adapters.<name>]` table per adapter; `<name>` is what requests use, its `type`
+    chooses the model that validates the rest (the keys below and
+    [Adapters](./adapters.md#adapters))."""
+
+    upstreams: dict[str, dict[str, Any]] = {}
+    """One `[upstreams.<name>]` table per upstream of the reverse proxy
+    (`/proxy/<name>/<rest>`); validated at start by gateway.proxy.config (the keys in
+    [Proxy mode](./proxy.md#configuration))."""
 
     @field_validator("adapters")
     @classmethod

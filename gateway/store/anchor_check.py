@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hmac
 import json
+import re
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,12 +18,13 @@ import redis.asyncio as aioredis
 import structlog
 
 from gateway.core.records import AuditCheck, chain_hash
-from gateway.store.anchors import _ID_RE, _id, anchor_mac, key_id
+from gateway.store.anchors import anchor_mac, entry_order, key_id
 from gateway.store.keys import JobKeys
 
 __all__ = ["AnchorCheck", "read_anchors", "verify"]
 
 log = structlog.get_logger("fencegate.audit")
+_ID_RE = re.compile(r"^(\d{1,20}-\d{1,20})?$")  # a stream entry id, or none
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,49 +38,77 @@ class AnchorCheck(AuditCheck):
     anchor_files: tuple[str, ...] = ()
     missing_files: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+    capped: bool = False  # stopped at max_entries: not every chain was read
+
+
+PAGE = 1000  # stream entries per XRANGE
 
 
 def _gone(entry: str, *, first: tuple[int, int] | None, now_ms: int, retention_ms: int) -> bool:
     """A missing entry is gone unless the retention may have expired its stream (after which
     a new stream may have begun: its first entry is newer than the missing one)."""
-    aged = now_ms >= _id(entry)[0] + retention_ms
-    return not (aged and (first is None or first > _id(entry)))
+    aged = now_ms >= entry_order(entry)[0] + retention_ms
+    return not (aged and (first is None or first > entry_order(entry)))
 
 
-def read_anchors(paths: Iterable[Path]) -> tuple[list[dict[str, Any]], list[str], list[Path]]:
-    """Anchors from anchor files or gateway logs (lines with ``event = "audit_anchor"``)."""
+def read_anchors(
+    paths: Iterable[Path], *, tenant: str | None = None
+) -> tuple[list[dict[str, Any]], list[str], list[Path]]:
+    """Anchors from anchor files or gateway logs (lines with ``event = "audit_anchor"``), read
+    a line at a time (memory: the anchors kept, never the file).
+
+    ``tenant``: that tenant's anchors only, and its view of the files (the console): a
+    problem names ``anchor line <n>``, never the server's path; a line that names another
+    tenant is left out, a damaged line that names none is counted in one note (the
+    operator's ``fencegate audit verify --anchors`` lists them), never shown."""
     anchors: list[dict[str, Any]] = []
     problems: list[str] = []
     missing: list[Path] = []
+    unattributed = 0
     for path in paths:
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            handle = path.open(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             missing.append(path)
             continue
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
-            if not isinstance(record, dict):
-                # a torn or altered anchor; other text in a log is not an anchor
-                if line.lstrip().startswith("{") or "audit_anchor" in line:
-                    problems.append(f"{path}:{n}: unreadable anchor line")
-                continue
-            if "event" in record and record["event"] != "audit_anchor":
-                continue  # another line of a gateway log
-            ids = (record.get("entry"), record.get("seen", ""))
-            if not (
-                all(isinstance(record.get(k), str) for k in ("tenant", "job_id"))
-                and all(isinstance(i, str) and _ID_RE.fullmatch(i) for i in ids)
-            ):
-                problems.append(f"{path}:{n}: not an anchor")
-                continue
-            record["_where"] = f"{path}:{n}"
-            anchors.append(record)
+        with handle:
+            for n, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}" if tenant is None else f"anchor line {n}"
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    record = None
+                if not isinstance(record, dict):
+                    # a torn or altered anchor; other text in a log is not an anchor
+                    if line.lstrip().startswith("{") or "audit_anchor" in line:
+                        if tenant is None:
+                            problems.append(f"{where}: unreadable anchor line")
+                        else:
+                            unattributed += 1
+                    continue
+                if "event" in record and record["event"] != "audit_anchor":
+                    continue  # another line of a gateway log
+                if tenant is not None and record.get("tenant") != tenant:
+                    if not isinstance(record.get("tenant"), str):
+                        unattributed += 1
+                    continue  # another tenant's anchor, sound or not
+                ids = (record.get("entry"), record.get("seen", ""))
+                if not (
+                    all(isinstance(record.get(k), str) for k in ("tenant", "job_id"))
+                    and all(isinstance(i, str) and _ID_RE.fullmatch(i) for i in ids)
+                ):
+                    problems.append(f"{where}: not an anchor")
+                    continue
+                record["_where"] = where
+                anchors.append(record)
+    if unattributed:
+        problems.append(
+            f"{unattributed} anchor line(s) unreadable or naming no tenant: they may hide "
+            "an anchor of this tenant; the operator's `fencegate audit verify --anchors` "
+            "lists them"
+        )
     return anchors, problems, missing
 
 
@@ -90,11 +120,15 @@ async def verify(
     retention_seconds: int = 604_800,
     tenant: str | None = None,
     progress: Callable[[int, int], Awaitable[None]] | None = None,
+    max_entries: int | None = None,
 ) -> AnchorCheck:
     """Recompute every job's chain (with the key(s) when given) and check every anchor.
 
-    ``tenant``: only that tenant's chains and anchors (the console); ``progress(jobs,
-    entries)`` is awaited after each chain.
+    ``tenant``: only that tenant's chains and anchors, and problems that name no server path
+    (the console); ``progress(jobs, entries)`` is awaited after each chain. Streams are read
+    in pages of :data:`PAGE` entries, keeping only the entries anchors name; ``max_entries``:
+    the most one check reads over all chains (past it the check stops, says so in ``notes``
+    and sets ``capped``; nothing is concluded about the chain it stopped in).
 
     Detected: an entry altered, forged or re-hashed without the key (keyed chains; an
     unkeyed chain only catches accidental damage: anyone can recompute SHA-1); an entry
@@ -108,9 +142,7 @@ async def verify(
     """
     key_bytes = [k.encode() for k in keys]
     by_kid = {key_id(k): k for k in keys}
-    anchors, broken, missing = read_anchors(anchor_files)
-    if tenant is not None:
-        anchors = [a for a in anchors if a["tenant"] == tenant]
+    anchors, broken, missing = read_anchors(anchor_files, tenant=tenant)
     by_stream: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for anchor in anchors:
         by_stream[JobKeys(anchor["tenant"], anchor["job_id"]).audit].append(anchor)
@@ -118,6 +150,7 @@ async def verify(
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     retention_ms = retention_seconds * 1000
     jobs = entries = expired = 0
+    capped = False
     notes: list[str] = []
     if anchors and not keys:
         notes.append("anchor MACs not checked (no key)")
@@ -154,31 +187,56 @@ async def verify(
             continue
         seen.add(stream)
         jobs += 1
-        # decode_responses=True: every key, field and value is a str
-        rows: list[tuple[str, dict[str, str]]] = await client.xrange(stream)  # type: ignore[assignment]
+        wanted = {
+            i for a in by_stream.get(stream, ()) for i in (a["entry"], a.get("seen")) if i
+        }  # the entries anchors name: the only ones kept (memory: the anchors, not the chain)
         index: dict[str, tuple[int, str | None, bool]] = {}
         prev: str | None = None
         intact = True
-        for i, (entry_id, fields) in enumerate(rows):
-            entries += 1
-            items = [(k, v) for k, v in fields.items() if k != "hash"]
-            problem = entry_valid(items, fields.get("hash"))
-            if problem:
-                broken.append(f"{stream} {entry_id}: {problem}")
-                intact = False
-            if prev is not None and fields.get("prev") != prev:
-                broken.append(f"{stream} {entry_id}: previous entry missing or altered")
-                intact = False
-            prev = fields.get("hash")
-            index[entry_id] = (i, prev, intact)
+        first: tuple[int, int] | None = None
+        n, start = 0, "-"
+        while True:  # the stream in pages, up to what is left of max_entries
+            count = PAGE if max_entries is None else min(PAGE, max_entries - entries)
+            if count <= 0:
+                capped = True
+                break
+            # decode_responses=True: every key, field and value is a str
+            page: list[tuple[str, dict[str, str]]] = await client.xrange(  # type: ignore[assignment]
+                stream, min=start, count=count
+            )
+            for entry_id, fields in page:
+                entries += 1
+                if first is None:
+                    first = entry_order(entry_id)
+                items = [(k, v) for k, v in fields.items() if k != "hash"]
+                problem = entry_valid(items, fields.get("hash"))
+                if problem:
+                    broken.append(f"{stream} {entry_id}: {problem}")
+                    intact = False
+                if prev is not None and fields.get("prev") != prev:
+                    broken.append(f"{stream} {entry_id}: previous entry missing or altered")
+                    intact = False
+                prev = fields.get("hash")
+                if entry_id in wanted:
+                    index[entry_id] = (n, prev, intact)
+                n += 1
+            if len(page) < count:
+                break
+            start = "(" + page[-1][0]
+        if capped:  # this chain is not read to its end: nothing more is concluded
+            notes.append(
+                f"stopped after {entries} entries (the bound of one check): the chains after "
+                f"{stream} were not checked"
+            )
+            by_stream.clear()
+            break
         head: str | None = await client.hget(  # type: ignore[assignment]
             stream[: -len(":audit")] + ":job", "audit_head"
         )
-        if rows and head != prev:
+        if n and head != prev:
             broken.append(f"{stream}: newest entries missing (chain head {head})")
         if progress is not None:
             await progress(jobs, entries)
-        first = _id(rows[0][0]) if rows else None
         gone = functools.partial(_gone, first=first, now_ms=now_ms, retention_ms=retention_ms)
         for anchor in by_stream.pop(stream, []):
             check_mac(anchor)
@@ -209,7 +267,9 @@ async def verify(
     for stream, rest in by_stream.items():
         for anchor in rest:
             check_mac(anchor)
-            newest = max((anchor["entry"], anchor.get("seen") or ""), key=lambda i: _id(i or "0"))
+            newest = max(
+                (anchor["entry"], anchor.get("seen") or ""), key=lambda i: entry_order(i or "0")
+            )
             if not _gone(newest or "0", first=None, now_ms=now_ms, retention_ms=retention_ms):
                 expired += 1
             else:
@@ -228,4 +288,5 @@ async def verify(
         anchor_files=tuple(str(p) for p in anchor_files if p not in missing),
         missing_files=tuple(str(p) for p in missing),
         notes=notes,
+        capped=capped,
     )

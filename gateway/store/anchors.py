@@ -10,7 +10,8 @@ A chain alone cannot show that its *newest* entries were deleted: the head it en
 lives in the same Redis. So the gateway anchors heads outside Redis: every
 ``[audit] anchor_interval_seconds`` (and at shutdown), for each job whose chain it extended
 since the last anchor, it reads ``audit_head`` / ``audit_last`` and the stream's length (one
-MULTI) and emits ``{v, at, tenant, job_id, entry, head, count, seen, kid, pid, mac}``
+read-only script per job, a batch of jobs in one pipeline) and emits
+``{v, at, tenant, job_id, entry, head, count, seen, kid, pid, mac}``
 (``seen``: the newest entry id this process saw in a script's reply, so entries deleted
 between the reply and the anchor are noticed too)
 
@@ -36,7 +37,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,8 +46,8 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError, ResponseError
 
+from gateway.runtime.logging import log_info_lines
 from gateway.runtime.settings import ConfigError, Settings
-from gateway.store.cluster import is_cluster
 from gateway.store.keys import JobKeys
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "anchor_mac",
     "anchor_path",
     "audit_keys",
+    "entry_order",
     "key_id",
 ]
 
@@ -68,13 +69,22 @@ PIPE_BUF = 4096
 MIN_KEY_BYTES = 16
 # jobs read per round trip when anchoring (see Anchorer._snapshots)
 _CHUNK = 256
-_ID_RE = re.compile(r"^(\d{1,20}-\d{1,20})?$")  # a stream entry id, or none
+# KEYS[1] job hash, KEYS[2] its audit stream; ARGV[1] the entry last seen here.
+# -> {audit_head, audit_last, stream length, newest entry id, 1 if the seen entry is there}
+_SNAPSHOT = """
+local h = redis.call('HMGET', KEYS[1], 'audit_head', 'audit_last')
+local newest = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+local seen = redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1], 'COUNT', 1)[1]
+return {h[1] or false, h[2] or false, redis.call('XLEN', KEYS[2]),
+  newest and newest[1] or false, seen and 1 or 0}
+"""
 
 
-def _consistent(snap: list[Any]) -> bool:
-    """A chain's snapshot holds the entry last seen here, and its head names its newest."""
-    (_, last), _, newest, seen_rows = snap
-    return bool(seen_rows and last and last == (newest[0][0] if newest else None))
+def _consistent(snap: Sequence[Any]) -> bool:
+    """A chain's snapshot (:data:`_SNAPSHOT`'s reply) holds the entry last seen here, and its
+    head names its newest."""
+    _, last, _, newest, seen_present = snap
+    return bool(seen_present and last and last == newest)
 
 
 def audit_keys(settings: Settings, secret: Callable[[str, str], str]) -> list[str]:
@@ -93,7 +103,8 @@ def audit_keys(settings: Settings, secret: Callable[[str, str], str]) -> list[st
     return keys
 
 
-def _id(entry_id: str) -> tuple[int, int]:
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``, or ``<ms>``) as the pair it is ordered by."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
 
@@ -101,7 +112,7 @@ def _id(entry_id: str) -> tuple[int, int]:
 def note_audit(touched: dict[JobKeys, str], keys: JobKeys, audit_id: str) -> None:
     """Remember that a reply named this job's audit entry (the newest id per job)."""
     seen = touched.get(keys)
-    if audit_id and (seen is None or _id(audit_id) > _id(seen)):
+    if audit_id and (seen is None or entry_order(audit_id) > entry_order(seen)):
         touched[keys] = audit_id
 
 
@@ -148,7 +159,7 @@ class Anchorer:
     """Emits the heads of the chains this process extended, at intervals and at shutdown.
 
     ``touched`` is the store's set of jobs whose audit stream got an entry in a reply this
-    process saw (``Store.audit_touched``); an entry whose reply was lost (a timeout) is
+    process saw (``RedisLink.audit_touched``); an entry whose reply was lost (a timeout) is
     covered the next time its job's chain is extended here.
     """
 
@@ -163,40 +174,29 @@ class Anchorer:
         self._task: asyncio.Task[None] | None = None
 
     async def _snapshots(self, jobs: Sequence[tuple[JobKeys, str]]) -> list[list[Any]]:
-        """Each job's chain head, length, newest entry and the entry last seen here, for a
-        whole chunk of jobs in one round trip: standalone, one MULTI/EXEC (one consistent
-        snapshot of every chain); on a cluster, one plain pipeline, split per node by redis-py.
+        """Each job's chain head, length, newest entry and whether the entry last seen here is
+        there, for a whole chunk of jobs in one round trip: one read-only script per job
+        (:data:`_SNAPSHOT`: one consistent snapshot of that chain, its keys in the job's
+        slot), in one plain pipeline (on a cluster split per node by redis-py).
 
-        redis-py's RedisCluster runs each command queued on a transaction pipeline in a new
-        thread with its own event loop and joins it: after a failover (the client marked for
-        re-initialisation) that thread waits on the main loop's connections forever and the
-        join blocks the whole gateway. So never a transaction there: not atomic, and a chain
-        extended between its reads is read again (:meth:`_records`)."""
-        pipe = self._client.pipeline(transaction=not is_cluster(self._client))
+        Never a transaction: redis-py's RedisCluster runs each command queued on a
+        transaction pipeline in a new thread with its own event loop and joins it, and after
+        a failover (the client marked for re-initialisation) that thread waits on the main
+        loop's connections forever and the join blocks the whole gateway. Nor one reply per
+        read: reading four commands' replies (and MULTI's) per job was most of a tick's cost."""
+        pipe = self._client.pipeline(transaction=False)
         for job, seen in jobs:
-            pipe.hmget(job.job, "audit_head", "audit_last")
-            pipe.xlen(job.audit)
-            pipe.xrevrange(job.audit, count=1)
-            pipe.xrange(job.audit, seen, seen)
-        flat = list(await pipe.execute())
-        return [flat[i : i + 4] for i in range(0, len(flat), 4)]
+            pipe.eval(_SNAPSHOT, 2, job.job, job.audit, seen)
+        return list(await pipe.execute())
 
     async def _records(self, jobs: Sequence[tuple[JobKeys, str]]) -> list[dict[str, Any]]:
         snapshots = await self._snapshots(jobs)
-        for _ in range(2 if is_cluster(self._client) else 0):  # re-read chains caught moving
-            moving = [i for i, snap in enumerate(snapshots) if not _consistent(snap)]
-            if not moving:
-                break
-            again = await self._snapshots([jobs[i] for i in moving])
-            for i, snap in zip(moving, again, strict=True):
-                snapshots[i] = snap
         return [
             self._record(job, seen, snap) for (job, seen), snap in zip(jobs, snapshots, strict=True)
         ]
 
     def _record(self, job: JobKeys, seen: str, snap: list[Any]) -> dict[str, Any]:
-        (head, last), count, newest, seen_rows = snap
-        newest_id = newest[0][0] if newest else None
+        head, last, count, newest_id, seen_present = snap
         if not _consistent(snap):
             log.error(
                 "audit_chain_inconsistent",
@@ -205,7 +205,7 @@ class Anchorer:
                 audit_last=last,
                 newest_entry=newest_id,
                 seen=seen,
-                seen_present=bool(seen_rows),
+                seen_present=bool(seen_present),
                 detail="the job's audit stream lacks an entry this gateway wrote, or its head "
                 "does not name its newest entry: altered in Redis? (anchored as found)",
             )
@@ -246,8 +246,8 @@ class Anchorer:
             return 0
         if not records:
             return 0
-        for record in records:
-            log.info("audit_anchor", **record)
+        # buffered with the request lines: one write for the batch, not one per job
+        log_info_lines("audit_anchor", ({**record} for record in records))
         lines = [json.dumps(r, separators=(",", ":")) for r in records]
         try:
             await asyncio.to_thread(_append, self.path, lines)

@@ -21,7 +21,8 @@ and ``resolve`` accepts it already).
   writes), and drops hints no slot holds any more. A crash between a verdict and its hint is
   repaired there.
 * **Reading** (:meth:`NeedsIndex.listing`) takes the tenant's due hints in score order, reads
-  each step's record and shows only what the record confirms: a hint is never believed on
+  the fields it shows of each step's record (``HMGET`` of :data:`FIELDS`: never a stored
+  payload or result) and shows only what the record confirms: a hint is never believed on
   its own, so a stale hint costs a read, never a wrong row; stale ones are dropped after the
   slot's truth confirms they are gone.
 """
@@ -35,13 +36,16 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
+import redis.asyncio as aioredis
 import structlog
 
 from gateway.core.errors import StoreUnavailable
 from gateway.core.records import EffectRecord
+from gateway.store.batching import Batcher
+from gateway.store.failures import redis_errors
 from gateway.store.keys import (
     NEEDS_TENANTS,
     NEEDS_TURN,
@@ -51,15 +55,38 @@ from gateway.store.keys import (
     needs_hint,
     needs_index,
 )
+from gateway.store.router import ClusterRouter
 
-if TYPE_CHECKING:
-    from gateway.store.base import StoreBase
+T = TypeVar("T")
 
-__all__ = ["NeedsIndex", "decode_cursor", "encode_cursor"]
+__all__ = [
+    "FIELDS",
+    "NeedsIndex",
+    "as_hash",
+    "decode_cursor",
+    "effect_key",
+    "encode_cursor",
+    "fields_of",
+    "member_parts",
+    "needs_decision",
+]
 
 log = structlog.get_logger("fencegate.attention")
 
 _PAGE = 200  # hints read per round while listing
+# what a listed item shows of a step's record: never its stored payload or result
+FIELDS = (
+    "state",
+    "updated_at",
+    "deadline",
+    "generation",
+    "adapter",
+    "operation",
+    "attempts",
+    "worker_id",
+    "error",
+    "created_at",
+)
 _PER_SLOT = 1000  # due entries read per slot and round while reconciling
 
 
@@ -80,7 +107,8 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
     return score, member
 
 
-def _member(member: str) -> tuple[str, str, str] | None:
+def member_parts(member: str) -> tuple[str, str, str] | None:
+    """An index member's ``(tenant, job_id, step)``; None when it is not one."""
     try:
         tenant, job_id, step = json.loads(member)
     except (ValueError, TypeError):
@@ -99,7 +127,7 @@ def _pairs(rows: Any) -> list[tuple[str, float]]:
     return [(m, float(s)) for m, s in zip(rows[::2], rows[1::2], strict=True)]
 
 
-def _needs(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
+def needs_decision(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
     """(state, since_ms) when the record says the step needs a decision now."""
     state = h.get("state")
     if state == "unknown":
@@ -111,14 +139,39 @@ def _needs(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
     return None
 
 
+class ScriptRunner(Protocol):
+    """What the index needs of the store that holds it (:class:`gateway.store.link.RedisLink`)."""
+
+    @property
+    def client(self) -> aioredis.Redis: ...
+
+    @property
+    def batcher(self) -> Batcher | ClusterRouter: ...
+
+    @property
+    def retention_ms(self) -> int: ...
+
+    async def guard(self, call: Callable[[], Awaitable[T]]) -> T: ...
+
+    async def run_script(
+        self,
+        name: str,
+        job: JobKeys,
+        keys: Sequence[str],
+        args: Sequence[str],
+        request_id: str | None = None,
+    ) -> list[Any]: ...
+
+
 class NeedsIndex:
     """The store's side of the index: hints, listing, the reconciler, the overview."""
 
-    def __init__(self, store: StoreBase) -> None:
+    def __init__(self, store: ScriptRunner) -> None:
         self._store = store
 
-    async def _read(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
-        """Commands on one pipeline (not a transaction: their keys live in many slots)."""
+    async def pipelined(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Commands on one pipeline (not a transaction: their keys live in many slots); their
+        replies in order. ``StoreUnavailable`` when Redis does not serve."""
         if not commands:
             return []
 
@@ -129,17 +182,19 @@ class NeedsIndex:
                 replies: list[Any] = await pipe.execute()
                 return replies
 
-        return await self._store._guard(run)
+        return await self._store.guard(run)
 
     @property
     def retention_ms(self) -> int:
         return self._store.retention_ms
 
-    async def _cmd(self, *command: Any) -> Any:
+    async def execute(self, *command: Any) -> Any:
+        """One command's reply. ``StoreUnavailable`` when Redis does not serve."""
+
         async def run() -> Any:
             return await self._store.client.execute_command(*command)  # type: ignore[no-untyped-call]
 
-        return await self._store._guard(run)
+        return await self._store.guard(run)
 
     # -- hints, after a verdict -----------------------------------------------------------
 
@@ -147,7 +202,7 @@ class NeedsIndex:
         """The step needs a decision (best effort: the reconciler finds a lost hint)."""
         score = int(time.time() * 1000) if score_ms is None else score_ms
         try:
-            await self._read(
+            await self.pipelined(
                 [
                     ("ZADD", needs_hint(keys.tenant), score, keys.member(step)),
                     ("SADD", NEEDS_TENANTS, keys.tenant),
@@ -158,7 +213,7 @@ class NeedsIndex:
 
     async def unhint(self, keys: JobKeys, step: str) -> None:
         try:
-            await self._cmd("ZREM", needs_hint(keys.tenant), keys.member(step))
+            await self.execute("ZREM", needs_hint(keys.tenant), keys.member(step))
         except StoreUnavailable:
             log.warning("attention_unhint_failed", job_id=keys.job_id, step=step)
 
@@ -185,16 +240,16 @@ class NeedsIndex:
                 query = (score, score, "WITHSCORES")
             else:
                 query = (f"({score}", now, "WITHSCORES", "LIMIT", 0, _PAGE)
-            raw = _pairs(await self._cmd("ZRANGEBYSCORE", key, *query))
+            raw = _pairs(await self.execute("ZRANGEBYSCORE", key, *query))
             rows = [(m, int(s)) for m, s in raw if not ties or m > last]
-            replies = await self._read([("HGETALL", _effect(m)) for m, _ in rows])
+            replies = await self.pipelined([("HMGET", effect_key(m), *FIELDS) for m, _ in rows])
             for (member, s), reply in zip(rows, replies, strict=True):
                 score, last = s, member
-                parts = _member(member)
+                parts = member_parts(member)
                 if parts is None or parts[0] != tenant:
                     continue  # never another tenant's step, whatever the hint holds
-                keys, h = JobKeys(parts[0], parts[1]), _hash(reply)
-                found = _needs(h, now) if h else None
+                keys, h = JobKeys(parts[0], parts[1]), fields_of(reply)
+                found = needs_decision(h, now) if h else None
                 if found is not None:
                     items.append(_item(keys, parts[2], h, found, now, encode_cursor(s, member)))
                 elif h.get("state") != "dispatching":  # a live dispatch may still overrun
@@ -214,10 +269,10 @@ class NeedsIndex:
     async def _drop_stale(self, tenant: str, stale: list[tuple[JobKeys, str]]) -> None:
         """Drop hints whose step no longer needs a decision, once the slot's truth agrees."""
         try:
-            scores = await self._read([("ZSCORE", k.needs, k.member(s)) for k, s in stale])
+            scores = await self.pipelined([("ZSCORE", k.needs, k.member(s)) for k, s in stale])
             gone = [k.member(s) for (k, s), sc in zip(stale, scores, strict=True) if sc is None]
             if gone:
-                await self._cmd("ZREM", needs_hint(tenant), *gone)
+                await self.execute("ZREM", needs_hint(tenant), *gone)
         except StoreUnavailable:
             pass  # the reconciler drops them
 
@@ -227,7 +282,7 @@ class NeedsIndex:
         """Whether this gateway reconciles this interval: the first of all gateways to ask
         (``SET NX PX``) does; a pass is 16,384 reads, once per interval for the deployment."""
         token = f"{os.getpid()}-{time.monotonic_ns()}"
-        taken = await self._cmd("SET", NEEDS_TURN, token, "NX", "PX", max(1, every_ms - 100))
+        taken = await self.execute("SET", NEEDS_TURN, token, "NX", "PX", max(1, every_ms - 100))
         return bool(taken)
 
     async def reconcile(self, now_ms: int | None = None) -> dict[str, int]:
@@ -236,10 +291,12 @@ class NeedsIndex:
         due = await self._due_everywhere(now)
         stats = {"due": len(due), "repaired": 0, "hinted": 0, "dropped": 0}
         # the records must confirm the truth: an entry its record contradicts is repaired
-        fields = await self._read([("HMGET", _effect(m), "state", "deadline") for m, _ in due])
+        fields = await self.pipelined(
+            [("HMGET", effect_key(m), "state", "deadline") for m, _ in due]
+        )
         per: dict[str, dict[str, int]] = defaultdict(dict)
         for (member, score), (state, deadline) in zip(due, fields, strict=True):
-            parts = _member(member)
+            parts = member_parts(member)
             if parts is None:
                 continue
             ok = state == "unknown" or (state == "dispatching" and int(deadline or 0) == score)
@@ -250,7 +307,9 @@ class NeedsIndex:
             per[parts[0]][member] = int(score)
         for tenant, members in per.items():
             flat = [x for member, score in members.items() for x in (score, member)]
-            await self._read([("ZADD", needs_hint(tenant), *flat), ("SADD", NEEDS_TENANTS, tenant)])
+            await self.pipelined(
+                [("ZADD", needs_hint(tenant), *flat), ("SADD", NEEDS_TENANTS, tenant)]
+            )
             stats["hinted"] += len(members)
         stats["dropped"] = await self._drop_unknown_to_slots(per, now)
         return stats
@@ -273,9 +332,8 @@ class NeedsIndex:
                     if isinstance(rows, BaseException):
                         if isinstance(rows, asyncio.CancelledError):
                             raise rows
-                        raise StoreUnavailable(
-                            f"the attention reconciler failed: {type(rows).__name__}"
-                        )
+                        with redis_errors():  # Redis not serving: StoreUnavailable; a bug as it is
+                            raise rows
                     pairs = _pairs(rows)
                     found += pairs
                     if len(pairs) == _PER_SLOT:
@@ -287,24 +345,26 @@ class NeedsIndex:
         tenant, job_id, step = parts
         keys = JobKeys(tenant, job_id)
         index = (keys.effect(step), keys.needs)
-        reply = await self._store._run("reindex-2", keys, index, (member,))
+        reply = await self._store.run_script("reindex-2", keys, index, (member,))
         log.warning("attention_index_repaired", job_id=job_id, step=step, state=reply[1])
         return str(reply[1])
 
     async def _drop_unknown_to_slots(self, per: dict[str, dict[str, int]], now: int) -> int:
         """Drop every hint the slots do not hold as due. The truth is read again for each
         candidate first: an entry indexed and hinted since the sweep read its slot stays."""
-        tenants: list[str] = sorted(await self._cmd("SMEMBERS", NEEDS_TENANTS))
+        tenants: list[str] = sorted(await self.execute("SMEMBERS", NEEDS_TENANTS))
         dropped = 0
         for tenant in tenants:
-            rows: list[str] = await self._cmd("ZRANGEBYSCORE", needs_hint(tenant), "-inf", "+inf")
+            rows: list[str] = await self.execute(
+                "ZRANGEBYSCORE", needs_hint(tenant), "-inf", "+inf"
+            )
             extra = [m for m in rows if m not in per.get(tenant, {})]
             if not extra:
                 continue
-            scores = await self._read([("ZSCORE", _slot_index(m), m) for m in extra])
+            scores = await self.pipelined([("ZSCORE", _slot_index(m), m) for m in extra])
             gone = [m for m, sc in zip(extra, scores, strict=True) if sc is None or float(sc) > now]
             if gone:
-                await self._cmd("ZREM", needs_hint(tenant), *gone)
+                await self.execute("ZREM", needs_hint(tenant), *gone)
                 dropped += len(gone)
         return dropped
 
@@ -313,20 +373,27 @@ def _due_query(key: str, now: int, offset: int) -> tuple[Any, ...]:
     return ("ZRANGEBYSCORE", key, "-inf", now, "WITHSCORES", "LIMIT", offset, _PER_SLOT)
 
 
-def _hash(reply: Any) -> dict[str, str]:
+def as_hash(reply: Any) -> dict[str, str]:
     """A hash reply (HGETALL, stream fields): a dict (RESP3) or a flat list (RESP2)."""
     if isinstance(reply, dict):
         return reply
     return dict(zip(reply[::2], reply[1::2], strict=True)) if reply else {}
 
 
-def _effect(member: str) -> str:
-    tenant, job_id, step = _member(member) or ("", "", "")
+def fields_of(reply: list[str | None]) -> dict[str, str]:
+    """An HMGET reply of :data:`FIELDS` as a hash (the fields the record lacks left out;
+    empty when there is no record)."""
+    return {k: v for k, v in zip(FIELDS, reply, strict=True) if v is not None}
+
+
+def effect_key(member: str) -> str:
+    """The key of the step record an index member names."""
+    tenant, job_id, step = member_parts(member) or ("", "", "")
     return JobKeys(tenant, job_id).effect(step)
 
 
 def _slot_index(member: str) -> str:
-    tenant, job_id, _ = _member(member) or ("", "", "")
+    tenant, job_id, _ = member_parts(member) or ("", "", "")
     return needs_index(key_slot(tenant + "/" + job_id))
 
 

@@ -30,6 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from gateway.store.driver import driver_info
 from gateway.store.keys import SLOTS, slot_marker
 from gateway.store.marks import SlotMarks
 from gateway.store.replication import AckPolicy
@@ -105,6 +106,7 @@ def connect_cluster(url: str, *, timeout: float, max_connections: int) -> Cluste
         max_connections=max_connections,
         retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
         ssl=ssl,
+        driver_info=driver_info(),
         **creds,
     )
     node_kwargs: dict[str, Any] = {
@@ -113,6 +115,7 @@ def connect_cluster(url: str, *, timeout: float, max_connections: int) -> Cluste
         "socket_connect_timeout": timeout,
         "health_check_interval": 0,
         "retry": Retry(ExponentialBackoff(cap=0.2, base=0.01), 2, (RedisConnectionError,)),
+        "driver_info": driver_info(),
         **creds,
     }
     if ssl:
@@ -198,9 +201,13 @@ def node_addresses(url: str, timeout: float = 5.0) -> list[tuple[str, int, str]]
     last: Exception | None = None
     for host, port in seeds:
         client = redis.Redis(
-            host=host, port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
-            decode_responses=True, **creds,
-        )  # fmt: skip
+            host=host,
+            port=port,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            decode_responses=True,
+            **creds,
+        )
         try:
             reply = client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
         except (redis.RedisError, OSError) as exc:

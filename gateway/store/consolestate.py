@@ -9,8 +9,9 @@ sessions and failed-login counters.
   (``fg:con:lf:<peer>``, ``fg:con:lf``); a peer over its limit, or everyone over the total,
   waits for the window to end (the TTL of the counter is the ``Retry-After``).
 
-Both are single-key commands (they run unchanged on Redis Cluster). A Redis error reaches
-the caller, which fails closed (the console answers 503).
+Both are single-key commands (they run unchanged on Redis Cluster). Redis not answering is
+``StoreUnavailable`` (:mod:`gateway.store.failures`): the caller fails closed (the console
+answers 503).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.store.failures import redis_errors
 from gateway.store.keys import console_failures, console_revoked
 
 __all__ = ["ConsoleState", "Failures"]
@@ -40,10 +42,12 @@ class ConsoleState:
 
     async def revoke(self, session_id: str, ttl_seconds: int) -> None:
         if ttl_seconds > 0:
-            await self._client.set(console_revoked(session_id), "1", ex=ttl_seconds)
+            with redis_errors():
+                await self._client.set(console_revoked(session_id), "1", ex=ttl_seconds)
 
     async def revoked(self, session_id: str) -> bool:
-        return bool(await self._client.exists(console_revoked(session_id)))
+        with redis_errors():
+            return bool(await self._client.exists(console_revoked(session_id)))
 
     async def wait_seconds(self, peer: str, *, per_peer: int, total: int) -> int:
         """0 when ``peer`` may try a login now; else how long until its window ends."""
@@ -51,7 +55,8 @@ class ConsoleState:
         for key in (console_failures(peer), console_failures(None)):
             pipe.get(key)
             pipe.ttl(key)
-        peer_n, peer_ttl, all_n, all_ttl = await pipe.execute()
+        with redis_errors():
+            peer_n, peer_ttl, all_n, all_ttl = await pipe.execute()
         wait = 0
         if per_peer and int(peer_n or 0) >= per_peer:
             wait = max(wait, int(peer_ttl), 1)
@@ -68,8 +73,9 @@ class ConsoleState:
             pipe.set(key, 0, ex=self.window, nx=True)
             pipe.incr(key)
             pipe.ttl(key)
-        _, peer_n, peer_ttl, _, all_n, all_ttl = await pipe.execute()
-        for key, ttl in zip(keys, (peer_ttl, all_ttl), strict=True):
-            if int(ttl) < 0:  # the counter expired between SET and INCR: give it its window
-                await self._client.expire(key, self.window)
+        with redis_errors():
+            _, peer_n, peer_ttl, _, all_n, all_ttl = await pipe.execute()
+            for key, ttl in zip(keys, (peer_ttl, all_ttl), strict=True):
+                if int(ttl) < 0:  # the counter expired between SET and INCR: give it its window
+                    await self._client.expire(key, self.window)
         return Failures(int(peer_n), int(all_n))

@@ -18,11 +18,11 @@ command per slot, pipelined per node (never a multi-slot ``MSET``/``MGET``: ``CR
 ``fg:epoch`` is not used: one key lives on one shard, so it could only say that *that* shard
 went back. The per-slot markers already are per-slot epochs (each is its slot's write counter
 and only rises): the gateway's periodic check reads all 16,384 of them through the router
-(:meth:`gateway.store.store.Store.heartbeat_epoch`), compares them with its marks and then
+(:meth:`gateway.store.link.RedisLink.heartbeat_epoch`), compares them with its marks and then
 records them as marks, so every slot — of every shard, written by any gateway — is checked
 against the highest counter seen, not only the slots this gateway wrote.
 
-Callers wrap these in :meth:`gateway.store.store.Store._guard` (Redis errors → 503).
+Callers wrap these in :meth:`gateway.store.link.RedisLink.guard` (Redis errors → 503).
 """
 
 from __future__ import annotations

@@ -148,15 +148,23 @@ class EmbeddedRedis:
     def _args(self) -> list[str]:
         args = [
             self.executable,
-            "--dir", str(self.data_dir),
-            "--appendonly", "yes",
-            "--appendfsync", "always",
-            "--maxmemory-policy", "noeviction",
-            "--save", "",
-            "--daemonize", "no",
-            "--protected-mode", "yes",
-            "--logfile", str(self.data_dir / "redis.log"),
-        ]  # fmt: skip
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--maxmemory-policy",
+            "noeviction",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+        ]
         if self.maxmemory_mb:
             args += ["--maxmemory", f"{self.maxmemory_mb}mb"]
         if self.use_socket:

@@ -2,8 +2,9 @@
 records of both (and of the attempt-scoped outputs).
 
 Every write is one Lua script in the job's slot, through the prelude
-(:meth:`gateway.store.base.StoreBase._run`): ``checkpoint-3`` and ``complete-3``. A rejection
-comes back audited and typed like an effect's (:meth:`gateway.store.store.Store._rejected`).
+(:meth:`gateway.store.link.RedisLink.run_script`): ``checkpoint-3`` and ``complete-3``. A
+rejection comes back audited and typed like an effect's
+(:meth:`gateway.store.store.Decisions.rejected`).
 
 The records (shared with the outputs module; docs/reliability.md has their invariants):
 
@@ -23,7 +24,8 @@ from typing import Any
 
 from gateway.core import fastjson
 from gateway.core.errors import OutputNotStaged
-from gateway.core.records import OverQuota
+from gateway.core.records import OutputRecord, OverQuota
+from gateway.store import replies
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store
 
@@ -31,10 +33,9 @@ __all__ = [
     "CHECKPOINT_ENVELOPE",
     "Checkpoint",
     "CheckpointWritten",
-    "Completion",
+    "CompletionRecord",
     "JobState",
     "JobStateView",
-    "OutputRecord",
     "canonical_json",
 ]
 
@@ -74,39 +75,11 @@ class CheckpointWritten:
 
 
 @dataclass(frozen=True, slots=True)
-class OutputRecord:
-    """One attempt-scoped output as recorded (``state`` staged or recorded)."""
+class CompletionRecord:
+    """The job's fenced completion as stored (the ``completed`` field of its job hash): which
+    generation, when (ms, Redis's clock), its result and the outputs it promoted. The SDK's
+    :class:`gateway.client.jobdata.Completion` is the API's answer built from it."""
 
-    name: str
-    generation: int
-    state: str
-    key: str
-    size: int | None
-    sha256: str | None
-    content_type: str | None
-    at_ms: int | None
-
-    @classmethod
-    def from_field(cls, field: str, raw: str) -> OutputRecord | None:
-        gen, _, name = field.partition("/")
-        try:
-            d = fastjson.loads(raw)
-            return cls(
-                name=name,
-                generation=int(gen),
-                state=str(d.get("state", "")),
-                key=str(d.get("key", "")),
-                size=d.get("size"),
-                sha256=d.get("sha256"),
-                content_type=d.get("content_type"),
-                at_ms=d.get("recorded_ms") or d.get("staged_ms"),
-            )
-        except (ValueError, AttributeError):  # not ours to judge: shown as unreadable
-            return None
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
     generation: int
     at_ms: int
     result: Any
@@ -114,7 +87,7 @@ class Completion:
     replayed: bool = False
 
     @classmethod
-    def from_json(cls, raw: str, *, replayed: bool = False) -> Completion:
+    def from_json(cls, raw: str, *, replayed: bool = False) -> CompletionRecord:
         d = fastjson.loads(raw)
         return cls(int(d["generation"]), int(d["at_ms"]), d["result"], d["outputs"], replayed)
 
@@ -123,9 +96,16 @@ class Completion:
 class JobStateView:
     """What the job view shows besides fence and effects."""
 
-    completion: Completion | None
+    completion: CompletionRecord | None
     checkpoints: dict[str, Checkpoint]
     outputs: list[OutputRecord]
+
+
+def _output_record(field: str, raw: str) -> OutputRecord | None:
+    try:
+        return OutputRecord.parse(field, raw)
+    except ValueError:  # not ours to judge: left out of the view
+        return None
 
 
 class JobState:
@@ -163,7 +143,8 @@ class JobState:
         ``closed``: :class:`OverQuota` (``checkpoints_per_job`` | ``checkpoint_bytes``), nothing
         written."""
         store = self._store
-        reply = await store._run(
+        flag = store.unaudited_flag(keys.tenant)
+        reply = await store.run_script(
             "checkpoint-3",
             keys,
             (keys.job, keys.ckpt, keys.audit),
@@ -181,20 +162,22 @@ class JobState:
                 self._max_checkpoints,
                 "1" if closed else "",
                 self._overhead,
+                flag,
             ),
         )
         code = int(reply[0])
-        if code == 0:
+        if code == replies.CheckpointReply.WRITTEN:
             return CheckpointWritten(int(reply[2]), int(reply[3]), int(reply[4]))
-        if code == 12:
+        if code == replies.CheckpointReply.REFUSED:
             return OverQuota(str(reply[1]))
-        raise await store._rejected(
+        store.rejection_spent(keys, f"checkpoint:{name}", flag, worker_id or "")
+        raise await store.rejected(
             keys, reply, step=f"checkpoint:{name}", worker_id=worker_id or ""
         )
 
     async def load_checkpoint(self, keys: JobKeys, name: str) -> Checkpoint | None:
         client = self._store.client
-        raw = await self._store._guard(lambda: client.hget(keys.ckpt, name))
+        raw = await self._store.guard(lambda: client.hget(keys.ckpt, name))
         return None if raw is None else Checkpoint.from_json(name, str(raw))
 
     async def complete(
@@ -208,11 +191,12 @@ class JobState:
         worker_id: str | None,
         request_id: str | None = None,
         by: str = "",
-    ) -> Completion:
+    ) -> CompletionRecord:
         """The fenced completion (see ``complete-3.lua``). ``request_id``: the same one on a
         re-send of a call whose reply was lost (it answers what it answered)."""
         store = self._store
-        reply = await store._run(
+        flag = store.unaudited_flag(keys.tenant)
+        reply = await store.run_script(
             "complete-3",
             keys,
             (keys.job, keys.outputs, keys.audit),
@@ -227,13 +211,16 @@ class JobState:
                 keys.tenant,
                 self._retention,
                 by,
+                flag,
             ),
             request_id=request_id,
         )
         code = int(reply[0])
-        if code in (0, 1):
-            return Completion.from_json(str(reply[1]), replayed=code == 1)
-        if code == 7:
+        if code in (replies.CompleteReply.COMPLETED, replies.CompleteReply.REPLAY):
+            return CompletionRecord.from_json(
+                str(reply[1]), replayed=code == replies.CompleteReply.REPLAY
+            )
+        if code == replies.CompleteReply.NOT_RECORDED:
             missing = json.loads(reply[1])
             raise OutputNotStaged(
                 f"generation {generation} has not recorded these outputs: {', '.join(missing)}; "
@@ -241,7 +228,8 @@ class JobState:
                 missing=missing,
                 generation=generation,
             )
-        raise await store._rejected(keys, reply, step="job:complete", worker_id=worker_id or "")
+        store.rejection_spent(keys, "job:complete", flag, worker_id or "")
+        raise await store.rejected(keys, reply, step="job:complete", worker_id=worker_id or "")
 
     async def view(self, keys: JobKeys) -> JobStateView:
         """Completion, checkpoints and outputs of a job (three reads, one pipeline)."""
@@ -254,10 +242,10 @@ class JobState:
                 pipe.hgetall(keys.outputs)
                 return await pipe.execute()
 
-        completed, ckpts, outputs = await self._store._guard(read)
-        records = [OutputRecord.from_field(f, v) for f, v in sorted(outputs.items())]
+        completed, ckpts, outputs = await self._store.guard(read)
+        records = [_output_record(f, v) for f, v in sorted(outputs.items())]
         return JobStateView(
-            completion=Completion.from_json(completed) if completed else None,
+            completion=CompletionRecord.from_json(completed) if completed else None,
             checkpoints={n: Checkpoint.from_json(n, v) for n, v in sorted(ckpts.items())},
             outputs=[r for r in records if r is not None],
         )

@@ -54,7 +54,7 @@ so the tag is unambiguous.
 ``fg:witness:<b>:<h>``  one counter per data dir ``<h>`` (a host's gateways) and
                         baseline ``<b>`` (the marker's id): only that data dir's
                         processes raise it, each time comparing the answer with
-                        the highest they recorded (see gateway.store.base);
+                        the highest they recorded (see gateway.store.link);
                         TTL 7 days from its data dir's last tick.
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
                         init. Every deciding script checks the marker of its
@@ -88,6 +88,7 @@ __all__ = [
     "key_slot",
     "needs_hint",
     "needs_index",
+    "quota_prefix",
     "relay_hint",
     "relay_queue",
     "slot_marker",
@@ -126,7 +127,7 @@ def slot_tags() -> tuple[str, ...]:
 
 
 def witness(baseline: str, host: str) -> str:
-    """A data dir's witness counter in Redis (see :meth:`gateway.store.base.StoreBase.witness`)."""
+    """A data dir's witness counter in Redis (see :meth:`gateway.store.link.RedisLink.witness`)."""
     return f"fg:witness:{baseline}:{host}"
 
 
@@ -228,3 +229,8 @@ class JobKeys:
 
 def audit_feed(tenant: str) -> str:
     return f"fg:audit:{tenant}"
+
+
+def quota_prefix(tenant: str) -> str:
+    """The prefix of a tenant's quota counters (``fg:quota:{<tenant>}``: the tenant's slot)."""
+    return "fg:quota:{" + tenant + "}"

@@ -38,7 +38,7 @@ __all__ = ["MARKS_FILE", "SlotMarks"]
 MARKS_FILE = "fencegate.marks"
 # the marks, then the latch (unix ms; 0: not latched), then the witness: the baseline it
 # belongs to (a hash of the durability marker's id) and the highest value this data dir's
-# processes got from their witness key (see gateway.store.base.StoreBase.witness)
+# processes got from their witness key (see gateway.store.link.RedisLink.witness)
 _LATCH, _WITNESS_BASE, _WITNESS, _WITNESS_AT = SLOTS, SLOTS + 1, SLOTS + 2, SLOTS + 3
 _WORDS = SLOTS + 4
 _SIZE = 8 * _WORDS

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from typing import Any
 
-from gateway.store.attention import NeedsIndex, _effect, _hash, _member, _needs
+from gateway.store.attention import NeedsIndex, as_hash, effect_key, member_parts, needs_decision
 from gateway.store.keys import audit_feed, chain_check, needs_hint
 
 __all__ = ["overview", "record_chain_check"]
@@ -15,6 +15,7 @@ __all__ = ["overview", "record_chain_check"]
 _FEED_PAGE = 1000
 _FEED_CAP = 50_000  # feed entries counted per overview (the rest: "capped")
 _OPEN_CAP = 10_000  # hints verified per overview
+_NEEDS_FIELDS = ("state", "updated_at", "deadline")  # what decides "needs a decision now"
 _PROBLEMS_KEPT = 200
 HOUR_MS = 3_600_000
 
@@ -27,9 +28,9 @@ async def overview(needs: NeedsIndex, tenant: str, *, now_ms: int) -> dict[str, 
     resolutions = 0
     start, read, capped = f"{now_ms - HOUR_MS}-0", 0, False
     while True:
-        rows = await needs._cmd("XRANGE", audit_feed(tenant), start, "+", "COUNT", _FEED_PAGE)
+        rows = await needs.execute("XRANGE", audit_feed(tenant), start, "+", "COUNT", _FEED_PAGE)
         for _, fields in rows:
-            reason = _hash(fields).get("reason", "")
+            reason = as_hash(fields).get("reason", "")
             if reason.startswith("operator_resolved_"):
                 resolutions += 1
             else:
@@ -41,13 +42,17 @@ async def overview(needs: NeedsIndex, tenant: str, *, now_ms: int) -> dict[str, 
             capped = True
             break
         start = "(" + rows[-1][0]
-    hints: list[str] = await needs._cmd(
+    hints: list[str] = await needs.execute(
         "ZRANGEBYSCORE", needs_hint(tenant), "-inf", now_ms, "LIMIT", 0, _OPEN_CAP + 1
     )
-    mine = [m for m in hints[:_OPEN_CAP] if (_member(m) or ("",))[0] == tenant]
-    hashes = [_hash(h) for h in await needs._read([("HGETALL", _effect(m)) for m in mine])]
-    states = Counter(f[0] for h in hashes if h and (f := _needs(h, now_ms)))
-    raw = await needs._cmd("GET", chain_check(tenant))
+    mine = [m for m in hints[:_OPEN_CAP] if (member_parts(m) or ("",))[0] == tenant]
+    # the fields needs_decision decides on: never a stored payload or result
+    replies = await needs.pipelined([("HMGET", effect_key(m), *_NEEDS_FIELDS) for m in mine])
+    hashes = [
+        {k: v for k, v in zip(_NEEDS_FIELDS, r, strict=True) if v is not None} for r in replies
+    ]
+    states = Counter(f[0] for h in hashes if h and (f := needs_decision(h, now_ms)))
+    raw = await needs.execute("GET", chain_check(tenant))
     return {
         "at_ms": now_ms,
         "rejections_last_hour": dict(sorted(by_reason.items())),
@@ -70,4 +75,4 @@ async def record_chain_check(needs: NeedsIndex, tenant: str, summary: dict[str, 
         kept["problems"] = list(problems[:_PROBLEMS_KEPT])
         kept["problems_total"] = len(problems)
     body = json.dumps(kept, separators=(",", ":"), default=str)
-    await needs._cmd("SET", chain_check(tenant), body, "PX", needs.retention_ms)
+    await needs.execute("SET", chain_check(tenant), body, "PX", needs.retention_ms)

@@ -12,22 +12,32 @@ from gateway.core.records import (
     JobView,
 )
 from gateway.store import durability, overview
-from gateway.store.base import StoreBase
+from gateway.store.attention import NeedsIndex
 from gateway.store.keys import (
     JobKeys,
     audit_feed,
 )
-from gateway.store.scripts import _optional_int
+from gateway.store.link import RedisLink
 
 _JOB_FIELDS = ("fence", "lease_ms", "lease_exp", "cancelled")  # a job view's, of the job hash
 
 
-class StoreReads(StoreBase):
-    # -- views ---------------------------------------------------------------
+def _optional_int(raw: str) -> int | None:
+    return int(raw) if raw else None
+
+
+class StoreReads:
+    """Views of the store's records, on its link: nothing here writes but the console's
+    chain-check summary."""
+
+    def __init__(self, link: RedisLink, needs: NeedsIndex) -> None:
+        self._link = link
+        self._client = link.client
+        self._needs = needs
 
     async def effect(self, keys: JobKeys, step: str) -> EffectRecord | None:
         # decode_responses=True: every value is a str
-        values: list[str | None] = await self._guard(
+        values: list[str | None] = await self._link.guard(
             lambda: self._client.hmget(keys.effect(step), RECORD_FIELDS)  # type: ignore[arg-type,return-value]
         )
         return EffectRecord.from_values(values)
@@ -53,7 +63,7 @@ class StoreReads(StoreBase):
                 effects = {s: r for s, r in found if r is not None}
             return exists, job, effects
 
-        exists, values, effects = await self._guard(read)
+        exists, values, effects = await self._link.guard(read)
         job = {f: v for f, v in zip(_JOB_FIELDS, values, strict=True) if v is not None}
         if not exists and not effects:
             return None
@@ -69,7 +79,7 @@ class StoreReads(StoreBase):
     async def verify_audit(self, **options: Any) -> AuditCheck:
         """Recompute every job's audit hash chain and check anchors (``fencegate audit verify``;
         ``options``: those of :func:`gateway.store.durability.verify_audit`)."""
-        return await self._guard(lambda: durability.verify_audit(self._client, **options))
+        return await self._link.guard(lambda: durability.verify_audit(self._client, **options))
 
     async def audit(
         self, tenant: str, *, job_id: str | None, limit: int, cursor: str | None
@@ -86,7 +96,7 @@ class StoreReads(StoreBase):
                 rows = await self._client.xrevrange(key, max=end, min="-", count=limit + 1)
                 return rows  # type: ignore[return-value]  # decode_responses=True: str
 
-            rows = await self._guard(read)
+            rows = await self._link.guard(read)
             for i, f in rows:
                 if "event" in f:
                     continue
@@ -107,7 +117,7 @@ class StoreReads(StoreBase):
             rows = await self._client.xrange(keys.audit, count=limit)
             return rows  # type: ignore[return-value]  # decode_responses=True: str
 
-        return [{"id": i, **f} for i, f in await self._guard(read)]
+        return [{"id": i, **f} for i, f in await self._link.guard(read)]
 
     # -- "needs a decision" (gateway.store.attention) ----------------------------------
 
@@ -116,14 +126,14 @@ class StoreReads(StoreBase):
     ) -> list[dict[str, Any]]:
         """The tenant's unknown steps and dispatches past their deadline, oldest first; each
         item's ``cursor`` pages on (``after``). ValueError for a malformed ``after``."""
-        return await self.needs.listing(tenant, limit=limit, after=after)
+        return await self._needs.listing(tenant, limit=limit, after=after)
 
     async def overview(self, tenant: str, *, now_ms: int) -> dict[str, Any]:
         """Counts for the console's overview (see :func:`gateway.store.overview.overview`)."""
-        return await overview.overview(self.needs, tenant, now_ms=now_ms)
+        return await overview.overview(self._needs, tenant, now_ms=now_ms)
 
     async def record_chain_check(self, tenant: str, summary: dict[str, Any]) -> None:
-        await overview.record_chain_check(self.needs, tenant, summary)
+        await overview.record_chain_check(self._needs, tenant, summary)
 
     async def reconcile_attention(self, now_ms: int | None = None) -> dict[str, int]:
-        return await self.needs.reconcile(now_ms)
+        return await self._needs.reconcile(now_ms)

@@ -12,7 +12,8 @@ import structlog
 from gateway.core.errors import StoreUnavailable
 from gateway.core.records import RelayClaim
 from gateway.store import scripts
-from gateway.store.base import StoreBase
+from gateway.store.attention import NeedsIndex
+from gateway.store.failures import redis_errors
 from gateway.store.keys import (
     RELAY_TENANTS,
     SLOTS,
@@ -20,16 +21,32 @@ from gateway.store.keys import (
     relay_hint,
     relay_queue,
 )
+from gateway.store.link import RedisLink
+from gateway.store.replies import RelayReply
 
 log = structlog.get_logger("fencegate.store")
 
 
-class RelayQueue(StoreBase):
-    # -- the async relay's queue --------------------------------------------
-    #
-    # The truth is the queue of each slot (fg:rq:{s}), written by the scripts atomically with
-    # the step. The relay reads per-tenant hints, written after the admit; a hint lost in a
-    # crash is found again by sweep(), which reads every slot's queue.
+class RelayQueue:
+    """The async relay's queue, on the store's link.
+
+    The truth is the queue of each slot (fg:rq:{s}), written by the scripts atomically with
+    the step. The relay reads per-tenant hints, written after the admit; a hint lost in a
+    crash is found again by :meth:`sweep`, which reads every slot's queue."""
+
+    def __init__(
+        self,
+        link: RedisLink,
+        needs: NeedsIndex,
+        *,
+        dispatch_timeout_ms: int,
+        retention_seconds: int,
+    ) -> None:
+        self._link = link
+        self._client = link.client
+        self._needs = needs
+        self._dispatch_timeout_ms = str(dispatch_timeout_ms)
+        self._retention = str(retention_seconds)
 
     async def relay_hint(self, keys: JobKeys, step: str, due_ms: int) -> None:
         """Point the relay at a queued step (best effort: the sweep finds a lost one)."""
@@ -38,13 +55,15 @@ class RelayQueue(StoreBase):
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.zadd(relay_hint(keys.tenant), {member: due_ms})
                 pipe.sadd(RELAY_TENANTS, keys.tenant)
-                await self._guard(pipe.execute)
+                await self._link.guard(pipe.execute)
         except StoreUnavailable:
             log.warning("relay_hint_failed", job_id=keys.job_id, step=step)
 
     async def relay_unhint(self, keys: JobKeys, step: str) -> None:
         try:
-            await self._guard(lambda: self._client.zrem(relay_hint(keys.tenant), keys.member(step)))
+            await self._link.guard(
+                lambda: self._client.zrem(relay_hint(keys.tenant), keys.member(step))
+            )
         except StoreUnavailable:
             log.warning("relay_unhint_failed", job_id=keys.job_id, step=step)
 
@@ -58,12 +77,16 @@ class RelayQueue(StoreBase):
             async with self._client.pipeline(transaction=False) as pipe:
                 for tenant in tenants:
                     pipe.zrangebyscore(
-                        relay_hint(tenant), "-inf", now_ms, start=0, num=per_tenant,
+                        relay_hint(tenant),
+                        "-inf",
+                        now_ms,
+                        start=0,
+                        num=per_tenant,
                         withscores=True,
-                    )  # fmt: skip
+                    )
                 return await pipe.execute()
 
-        per = await self._guard(read)
+        per = await self._link.guard(read)
         due: list[tuple[JobKeys, str, int]] = []
         for i in range(max((len(rows) for rows in per), default=0)):
             for rows in per:
@@ -81,7 +104,7 @@ class RelayQueue(StoreBase):
         for start in range(0, SLOTS, 1024):  # a few batches at a time, not 64 connections at once
             replies += await asyncio.gather(
                 *(
-                    self._batcher.execute("ZRANGEBYSCORE", relay_queue(s), *query)
+                    self._link.batcher.execute("ZRANGEBYSCORE", relay_queue(s), *query)
                     for s in range(start, start + 1024)
                 ),
                 return_exceptions=True,
@@ -91,7 +114,8 @@ class RelayQueue(StoreBase):
             if isinstance(rows, BaseException):
                 if isinstance(rows, asyncio.CancelledError):
                     raise rows
-                raise StoreUnavailable(f"the relay's sweep failed: {type(rows).__name__}")
+                with redis_errors():  # Redis not serving: StoreUnavailable; a bug as it is
+                    raise rows
             # RESP3 answers [member, score] pairs; RESP2 a flat list
             flat = not rows or not isinstance(rows[0], list)
             pairs = zip(rows[::2], rows[1::2], strict=True) if flat else rows
@@ -112,8 +136,8 @@ class RelayQueue(StoreBase):
         nothing to send (the step has left the queue). ``run_before_ms``: as for
         :meth:`Store.admit` (a re-send passes the first send's bound; a send whose reply did
         not come raises ``StoreUnavailable`` carrying it, for the void)."""
-        dispatch_id = dispatch_id or scripts._dispatch_id()
-        reply = await self._run_bounded(
+        dispatch_id = dispatch_id or scripts.new_dispatch_id()
+        reply = await self._link.run_bounded(
             "relay-5",
             keys,
             (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
@@ -130,15 +154,15 @@ class RelayQueue(StoreBase):
             run_before_ms,
         )
         code = int(reply[0])
-        if code == 0:
+        if code == RelayReply.CLAIMED:
             _, dispatch_id, gen, adapter, operation, payload, deadline = reply
             return RelayClaim(
                 dispatch_id, int(gen), adapter, operation, json.loads(payload), int(deadline)
             )
-        if code == 2:
+        if code == RelayReply.HELD:
             return int(reply[1])
         if reply[2]:
-            await self._copy_to_feed(keys, str(reply[2]))
+            await self._link.copy_to_feed(keys, str(reply[2]))
         if reply[1] == "unknown":
-            await self.needs.hint(keys, step)
+            await self._needs.hint(keys, step)
         return str(reply[1])

@@ -60,9 +60,9 @@ __all__ = ["ClusterRouter", "NotRun", "key_slot_of", "parse_slots"]
 
 log = structlog.get_logger("fencegate.router")
 
-# The prelude's trailer (gateway/store/lua/_prelude.lua): ARGV[#ARGV - 1] is the highest value
+# The prelude's trailer (gateway/store/lua/_prelude.lua): ARGV[#ARGV - 2] is the highest value
 # of the slot's counter the gateway has seen; refreshed on every re-send of a script.
-_SEEN_FROM_END = 2
+_SEEN_FROM_END = 3
 _MAX_REDIRECTS = 8
 
 

@@ -1,5 +1,6 @@
 """The scripts' plumbing: their sources (prelude + includes + body), request and dispatch ids,
-what a Redis failure means, and the client every store method goes through."""
+and the client every store method goes through (what a Redis failure means:
+:mod:`gateway.store.failures`)."""
 
 from __future__ import annotations
 
@@ -12,28 +13,17 @@ from importlib.resources.abc import Traversable
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    ClusterError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisClusterException,
-    ResponseError,
-    TryAgainError,
-)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.core.errors import StoreUnavailable
 from gateway.store.cluster import connect_cluster
-from gateway.store.replication import NotReplicated
+from gateway.store.driver import driver_info
 
 SCRIPT_NAMES = (
     "admit-6",
     "record-3",
     "register-2",
     "heartbeat-2",
+    "check-2",
     "cancel-1",
     "reject-2",
     "resolve-5",
@@ -46,16 +36,6 @@ SCRIPT_NAMES = (
     "output-record-3",
     "reindex-2",
 )
-# Redis error prefixes that mean "this Redis cannot serve us now", not a bug.
-_UNAVAILABLE_PREFIXES = (
-    "OOM", "MISCONF", "READONLY", "LOADING", "NOREPLICAS", "MASTERDOWN", "CLUSTERDOWN",
-    "TRYAGAIN",
-)  # fmt: skip
-# Cluster refusals redis-py raises with the code stripped (the router retries MOVED/ASK/TRYAGAIN
-# and turns what is left into NotRun; redis-py's own client raises these past its retries)
-_CLUSTER_REFUSALS = (ClusterDownError, TryAgainError, AskError, ClusterError)
-
-
 _INCLUDE = re.compile(r'^--- @include "includes/([a-z][a-z0-9_-]*)"\s*$', re.M)
 
 
@@ -99,45 +79,6 @@ def lua_source(name: str, lua: Traversable | None = None) -> str:
     return f"{head}\nreturn run_script(function()\n{body}\nend)\n"
 
 
-_REDIS_FAILURES = (
-    RedisConnectionError, RedisTimeoutError, OSError, ResponseError, ClusterError,
-    RedisClusterException,
-)  # fmt: skip
-
-
-def _oom(exc: Exception) -> bool:
-    return isinstance(exc, OutOfMemoryError) or (
-        isinstance(exc, ResponseError) and "-OOM " in str(exc)
-    )
-
-
-def _unavailable(exc: Exception) -> StoreUnavailable | None:
-    """The ``StoreUnavailable`` a Redis failure means; None for an error reply that is a bug.
-
-    redis-py strips the code of some error replies (``-OOM …`` becomes an
-    ``OutOfMemoryError`` whose text starts "command not allowed"), and an error inside a
-    script comes back as "Error running script … -OOM command not allowed …": all three
-    forms are Redis refusing to serve, not a bug (503, never 500)."""
-    if isinstance(exc, _CLUSTER_REFUSALS):
-        return StoreUnavailable(f"Redis Cluster refused the command: {type(exc).__name__} {exc}")
-    if isinstance(exc, ResponseError):
-        text = str(exc)
-        if (
-            isinstance(exc, OutOfMemoryError | ReadOnlyError)
-            or text.startswith(_UNAVAILABLE_PREFIXES)
-            or any(f"-{prefix} " in text for prefix in _UNAVAILABLE_PREFIXES)
-        ):
-            if _oom(exc) or text.startswith("OOM"):
-                return StoreUnavailable("Redis is out of memory (maxmemory): nothing was done")
-            return StoreUnavailable(f"Redis refused the command: {exc}")
-        return None
-    if isinstance(exc, NotReplicated):  # the script ran; its reply must not leave (replicas)
-        unacked = StoreUnavailable(str(exc))
-        unacked.unacknowledged = True
-        return unacked
-    return StoreUnavailable(f"Redis is unreachable: {type(exc).__name__}")
-
-
 # Dispatch ids only have to be unique (they never leave the gateway: the admit hands one
 # out, the record must present it): a random 64-bit prefix per process and a counter,
 # instead of a getrandom() system call per admit.
@@ -145,11 +86,12 @@ _DISPATCH_PREFIX = secrets.token_hex(8)
 _dispatch_counter = itertools.count()
 
 
-def _dispatch_id() -> str:
+def new_dispatch_id() -> str:
+    """A dispatch id (also a script call's request id): unique among every process's ids."""
     return f"{_DISPATCH_PREFIX}{next(_dispatch_counter):x}"
 
 
-new_request_id = _dispatch_id
+new_request_id = new_dispatch_id
 
 
 MARKER_MISSING = (
@@ -164,10 +106,6 @@ UNINITIALISED = (
     "replaced, fences may be gone: `fencegate init --confirm-data-loss`, then re-register "
     "current generations. Nothing is dispatched until then."
 )
-
-
-def _optional_int(raw: str) -> int | None:
-    return int(raw) if raw else None
 
 
 def connect(
@@ -195,5 +133,6 @@ def connect(
         timeout=timeout,
         retry=retry,
         health_check_interval=0,
+        driver_info=driver_info(),
     )
     return aioredis.Redis.from_pool(pool)  # the client owns and closes the pool

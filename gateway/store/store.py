@@ -1,10 +1,17 @@
-"""The only module that talks to Redis: runs the Lua scripts and turns their replies into verdicts.
+"""The store: the deciding scripts (:class:`Decisions`, one method each, whose reply becomes a
+typed verdict or error) and :class:`Store`, which composes them with the other parts given the
+same link to Redis.
 
-Every decision (register, admit, record, heartbeat, cancel, reject, resolve, relay claim) is
-one script, one round trip. Each method below turns its script's reply into a typed verdict
+Every decision (register, admit, record, heartbeat, cancel, reject, resolve, relay claim, an
+output's stage and record) is one script, one round trip, and this module (with
+:mod:`gateway.store.relayq` and :mod:`gateway.store.jobstate`) is the one owner of their wire
+layout: a method per script, its KEYS and ARGV one per line, its reply codes compared with
+:mod:`gateway.store.replies`. Each method below turns its script's reply into a typed verdict
 (:mod:`gateway.core.records`); every rejection becomes its typed error in one place,
-:meth:`Store._rejected`. The durability checks around the store (markers, epochs, the audit
-chain) are in :mod:`gateway.store.durability`.
+:meth:`Decisions.rejected`. The calls themselves go through the link
+(:class:`gateway.store.link.RedisLink`: the prelude's trailer, the slot marks, the feed copy).
+The durability checks around the store (markers, epochs, the audit chain) are in
+:mod:`gateway.store.durability`.
 
 Durability (docs/operations.md): every deciding script first checks the durability marker of
 its job's slot (written for all 16384 slots by ``fencegate init``, see :mod:`gateway.store.keys`).
@@ -16,8 +23,10 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import redis.asyncio as aioredis
 
 from gateway.core.errors import (
     BadToken,
@@ -49,20 +58,34 @@ from gateway.core.records import (
     Registration,
     RelayClaim,
     Replay,
-    Unknown,
+    Unresolved,
 )
 from gateway.core.tokens import MAX_GENERATION
 from gateway.store import scripts
 from gateway.store.anchors import note_audit
+from gateway.store.attention import NeedsIndex
+from gateway.store.batching import Batcher
 from gateway.store.keys import JobKeys
+from gateway.store.link import RedisLink
 from gateway.store.reads import StoreReads
 from gateway.store.relayq import RelayQueue
+from gateway.store.replication import AckPolicy
+from gateway.store.replies import (
+    AdmitReply,
+    CancelReply,
+    RecordReply,
+    RegisterReply,
+    Reply,
+    ResolveReply,
+)
+from gateway.store.router import ClusterRouter
 from gateway.store.scripts import connect, new_request_id
 
 __all__ = [
     "Admitted",
     "AuditCheck",
     "AuditEntry",
+    "Decisions",
     "EffectRecord",
     "InProgress",
     "JobView",
@@ -101,27 +124,37 @@ _DETAILS = {
     "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
 
-_REGISTERED_LAST = {0: 7, 2: 3, 4: 3, 12: 3}  # admit-6 replies ending in a registration audit id
+# admit-6 replies ending in a registration audit id: their length then
+_REGISTERED_LAST: dict[int, int] = {
+    AdmitReply.ADMITTED: 7,
+    AdmitReply.IN_PROGRESS: 3,
+    AdmitReply.QUEUED: 3,
+    AdmitReply.OVER_QUOTA: 3,
+}
 
 
-class Store(RelayQueue, StoreReads):
-    """Fences, effects and audit entries in Redis; every decision is one Lua script."""
+class Decisions:
+    """Fences, effects and audit entries in Redis: every decision is one Lua script, run on
+    the store's link."""
 
-    async def script(
-        self, name: str, job: JobKeys, keys: Sequence[str], args: Sequence[str]
-    ) -> list[Any]:
-        """Run one of ``SCRIPT_NAMES`` for a service above the store (gateway.fencing.outputs),
-        through the same prelude, trailer and failure handling as the store's own calls."""
-        return await self._run(name, job, keys, args)
+    def __init__(
+        self,
+        link: RedisLink,
+        needs: NeedsIndex,
+        reads: StoreReads,
+        *,
+        registration: str,
+        dispatch_timeout_ms: int,
+        retention_seconds: int,
+    ) -> None:
+        self._link = link
+        self._needs = needs
+        self._reads = reads  # resolve answers the record as it reads afterwards
+        self._registration = registration
+        self._dispatch_timeout_ms = str(dispatch_timeout_ms)
+        self._retention = str(retention_seconds)
 
     async def rejected(
-        self, keys: JobKeys, reply: list[Any], *, step: str = "", worker_id: str = ""
-    ) -> FencegateError:
-        """The typed error of a script's ``{9, …}`` reply (copied to the tenant's feed)."""
-        return await self._rejected(keys, reply, step=step, worker_id=worker_id)
-
-    # -- decisions -----------------------------------------------------------
-    async def _rejected(
         self,
         keys: JobKeys,
         reply: list[Any],
@@ -131,17 +164,26 @@ class Store(RelayQueue, StoreReads):
         adapter: str = "",
         detail: str | None = None,
     ) -> FencegateError:
-        """Turn a ``{9, reason, presented, current, audit_id, pinned}`` reply into an error.
+        """The typed error of a script's ``{9, reason, presented, current, audit_id, pinned}``
+        reply (copied to the tenant's feed).
 
         The entry is already in the job's audit stream (written by the script,
         atomically with the decision); a copy goes to the tenant-wide feed so
-        the audit log can be listed across jobs without touching many slots.
+        the audit log can be listed across jobs without touching many slots: written by the
+        script too (includes/feed), but on a Cluster (here, after it).
         """
         _, reason, presented, current, audit_id, pinned = reply
-        await self._to_feed(
-            keys, str(audit_id), step=step, reason=reason, presented=presented, current=current,
-            worker_id=worker_id, adapter=adapter,
-        )  # fmt: skip
+        await self._link.to_feed(
+            keys,
+            str(audit_id),
+            self._link.feeds_in_script,
+            step=step,
+            reason=reason,
+            presented=presented,
+            current=current,
+            worker_id=worker_id,
+            adapter=adapter,
+        )
         fields: dict[str, Any] = {
             "presented": int(presented) if presented else None,
             "current": int(current),
@@ -150,6 +192,8 @@ class Store(RelayQueue, StoreReads):
             fields["pinned_intent_sha256"] = pinned
         detail = detail or _DETAILS[reason].format(p=presented or "(next)", c=current)
         return _REJECTIONS[reason](detail, **fields)
+
+    # -- decisions -----------------------------------------------------------
 
     async def register(
         self,
@@ -163,7 +207,7 @@ class Store(RelayQueue, StoreReads):
         """Register a generation (a new one is audited with ``by``, who registered it).
         ``request_id``: a re-send with the same one answers the first one's registration
         (within ``redis.request_memory_seconds``) instead of allocating another."""
-        reply = await self._run(
+        reply = await self._link.run_script(
             "register-2",
             keys,
             (keys.job, keys.audit),
@@ -178,17 +222,19 @@ class Store(RelayQueue, StoreReads):
             ),
             request_id,
         )
-        if int(reply[0]) == 9:
-            raise await self._rejected(keys, reply)
+        code = int(reply[0])
+        if code == RegisterReply.REJECTED:
+            raise await self.rejected(keys, reply)
         if len(reply) > 3:
-            note_audit(self.audit_touched, keys, str(reply[3]))
+            note_audit(self._link.audit_touched, keys, str(reply[3]))
         lease = int(reply[2])
-        return Registration(int(reply[1]), lease or None, created=int(reply[0]) == 0)
+        return Registration(int(reply[1]), lease or None, created=code == RegisterReply.REGISTERED)
 
     async def heartbeat(
         self, keys: JobKeys, generation: int, worker_id: str, *, by: str = ""
     ) -> tuple[int, int | None]:
-        reply = await self._run(
+        flag = self._link.unaudited_flag(keys.tenant)
+        reply = await self._link.run_script(
             "heartbeat-2",
             keys,
             (keys.job, keys.audit),
@@ -200,12 +246,48 @@ class Store(RelayQueue, StoreReads):
                 keys.tenant,
                 self._retention,
                 by,
+                flag,
             ),
         )
-        if int(reply[0]) == 9:
-            raise await self._rejected(keys, reply, worker_id=worker_id)
+        if int(reply[0]) == Reply.REJECTED:
+            self._link.rejection_spent(keys, "", flag, worker_id)
+            raise await self.rejected(keys, reply, worker_id=worker_id)
         if len(reply) > 3 and reply[3]:  # an implicit registration
-            note_audit(self.audit_touched, keys, str(reply[3]))
+            note_audit(self._link.audit_touched, keys, str(reply[3]))
+        return int(reply[1]), (int(reply[2]) or None)
+
+    async def check(
+        self,
+        keys: JobKeys,
+        generation: int,
+        worker_id: str,
+        *,
+        step: str = "",
+        adapter: str = "",
+    ) -> tuple[int, int | None]:
+        """Whether ``generation`` may act on the job now (check-2: a heartbeat that renews
+        nothing and never raises the fence): ``(fence, lease_exp_ms or None)``, else its
+        audited rejection raised."""
+        flag = self._link.unaudited_flag(keys.tenant)
+        reply = await self._link.run_script(
+            "check-2",
+            keys,
+            (keys.job, keys.audit),
+            (
+                str(generation),
+                self._registration,
+                keys.job_id,
+                worker_id,
+                keys.tenant,
+                self._retention,
+                step,
+                adapter,
+                flag,
+            ),
+        )
+        if int(reply[0]) == Reply.REJECTED:
+            self._link.rejection_spent(keys, step, flag, worker_id)
+            raise await self.rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
         return int(reply[1]), (int(reply[2]) or None)
 
     async def reject(
@@ -219,14 +301,25 @@ class Store(RelayQueue, StoreReads):
     ) -> FencegateError:
         """Audit a rejection decided outside Redis (bad token); returns the error to raise."""
         presented = err.fields.get("presented")
-        reply = await self._run(
+        flag = self._link.unaudited_flag(keys.tenant)
+        reply = await self._link.run_script(
             "reject-2",
             keys,
             (keys.job, keys.audit),
-            (err.code, "" if presented is None else str(presented), keys.job_id, step, worker_id,
-             adapter, keys.tenant, self._retention),
-        )  # fmt: skip
-        return await self._rejected(
+            (
+                err.code,
+                "" if presented is None else str(presented),
+                keys.job_id,
+                step,
+                worker_id,
+                adapter,
+                keys.tenant,
+                self._retention,
+                flag,
+            ),
+        )
+        self._link.rejection_spent(keys, step, flag, worker_id)
+        return await self.rejected(
             keys, reply, step=step, worker_id=worker_id, adapter=adapter, detail=err.detail
         )
 
@@ -235,7 +328,7 @@ class Store(RelayQueue, StoreReads):
     ) -> EffectRecord:
         """Record an operator's finding for an ``unknown`` step (audited; ``operator`` is the
         entry's worker_id, ``by`` the key's name, else its role)."""
-        reply = await self._run(
+        reply = await self._link.run_script(
             "resolve-5",
             keys,
             (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
@@ -252,13 +345,13 @@ class Store(RelayQueue, StoreReads):
             ),
         )
         code = int(reply[0])
-        if code == 1:
+        if code == ResolveReply.NOT_FOUND:
             raise NotFound(f"no effect recorded for {keys.job_id}:{step}")
-        if code == 2:
+        if code == ResolveReply.KNOWN:
             raise EffectNotUnknown(
                 f"the step is {reply[1]}: only an unknown outcome can be resolved", state=reply[1]
             )
-        await self._to_feed(
+        await self._link.to_feed(
             keys,
             str(reply[2]),
             step=step,
@@ -266,22 +359,23 @@ class Store(RelayQueue, StoreReads):
             worker_id=operator,
             by=by or operator,
         )
-        await self.needs.unhint(keys, step)
-        record = await self.effect(keys, step)
+        await self._needs.unhint(keys, step)
+        record = await self._reads.effect(keys, step)
         assert record is not None
         return record
 
     async def cancel(self, keys: JobKeys) -> tuple[int, bool]:
         """Cancel the job; returns (fence, was_already_cancelled). A completed job is not
         cancelled (:class:`JobCompleted`, not audited: the scheduler's call, not a worker's)."""
-        reply = await self._run("cancel-1", keys, (keys.job,), ())
-        if int(reply[0]) == 2:
+        reply = await self._link.run_script("cancel-1", keys, (keys.job,), ())
+        code = int(reply[0])
+        if code == CancelReply.COMPLETED:
             raise JobCompleted(
                 "the job completed; a completed job is not cancelled",
                 presented=None,
                 current=int(reply[1]),
             )
-        return int(reply[1]), int(reply[0]) == 1
+        return int(reply[1]), code == CancelReply.ALREADY
 
     async def admit(
         self,
@@ -304,11 +398,12 @@ class Store(RelayQueue, StoreReads):
 
         ``dispatch_id`` is also the call's request id: sent again with the same one (its
         reply was lost), the admit answers what it answered the first time; ``run_before_ms``
-        too (the first send's bound, see ``_run_bounded``: a copy arriving later does nothing).
+        too (the first send's bound, see :meth:`RedisLink.run_bounded`: a copy arriving later
+        does nothing).
         ``closed``: the tenant's used-up quotas (admit-6's ARGV[18]) -> ``OverQuota``.
         """
-        dispatch_id = dispatch_id or scripts._dispatch_id()
-        reply = await self._run_bounded(
+        dispatch_id = dispatch_id or scripts.new_dispatch_id()
+        reply = await self._link.run_bounded(
             "admit-6",
             keys,
             (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
@@ -336,31 +431,35 @@ class Store(RelayQueue, StoreReads):
         )
         code = int(reply[0])
         if len(reply) == _REGISTERED_LAST.get(code) and reply[-1]:  # implicit registration
-            note_audit(self.audit_touched, keys, str(reply[-1]))
-        if code == 0:
-            if reply[5]:
-                await self._copy_to_feed(keys, str(reply[5]))
+            note_audit(self._link.audit_touched, keys, str(reply[-1]))
+        if code == AdmitReply.ADMITTED:
+            if reply[5]:  # a supersession
+                await self._link.copy_to_feed(
+                    keys, str(reply[5]), copied=self._link.feeds_in_script
+                )
             return Admitted(str(reply[1]), int(reply[2]), int(reply[3]), reply[4] == "1")
-        if code == 1:
+        if code == AdmitReply.REPLAY:
             return Replay(EffectRecord.from_flat(reply[1:]))
-        if code == 2:
+        if code == AdmitReply.IN_PROGRESS:
             return InProgress(int(reply[1]))
-        if code == 3:
+        if code == AdmitReply.UNKNOWN:
             unknown = EffectRecord.from_flat(reply[1:])
-            await self.needs.hint(keys, step, unknown.updated_at_ms)
-            return Unknown(unknown)
-        if code == 4:
-            if reply[1]:
-                await self._copy_to_feed(keys, str(reply[1]))
+            await self._needs.hint(keys, step, unknown.updated_at_ms)
+            return Unresolved(unknown)
+        if code == AdmitReply.QUEUED:
+            if reply[1]:  # a supersession
+                await self._link.copy_to_feed(
+                    keys, str(reply[1]), copied=self._link.feeds_in_script
+                )
             return Queued("pending", generation)
-        if code == 5:
+        if code == AdmitReply.QUEUED_BEFORE:
             record = EffectRecord.from_flat(reply[1:])
             return Queued(record.state, record.generation, repeated=True)
-        if code == 12:
+        if code == AdmitReply.OVER_QUOTA:
             return OverQuota(str(reply[1]))  # a quota the caller said is used up (closed)
-        if code == 10:
+        if code == AdmitReply.VOIDED:
             raise StoreUnavailable("this call was given up before Redis ran it; nothing was done")
-        raise await self._rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
+        raise await self.rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
 
     async def void(
         self, keys: JobKeys, step: str, dispatch_id: str, run_before_ms: int | None = None
@@ -368,14 +467,14 @@ class Store(RelayQueue, StoreReads):
         """Give up an admit (or relay claim) whose reply never came, its mark outliving its bound
         ``run_before_ms``: 'voided' (it had not run and never will), 'released' / 'unknown' (it
         had run; the step is as before it), or what was there instead: nothing to undo."""
-        reply = await self._run(
+        reply = await self._link.run_script(
             "void-4",
             keys,
             (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.needs),
             (dispatch_id, self._retention, keys.member(step), str(run_before_ms or "")),
         )
         if reply[1] == "unknown":
-            await self.needs.hint(keys, step)
+            await self._needs.hint(keys, step)
         return str(reply[1])
 
     async def record(
@@ -393,7 +492,7 @@ class Store(RelayQueue, StoreReads):
         """Record a dispatch's outcome: (held, when the relay tries again). ``held`` is False
         when the step is no longer held by this dispatch. A relay dispatch that ends
         ``released`` stays queued, due at ``retry_due_ms``."""
-        reply = await self._run(
+        reply = await self._link.run_script(
             "record-3",
             keys,
             (keys.effect(step), keys.relayq, keys.needs),
@@ -408,8 +507,203 @@ class Store(RelayQueue, StoreReads):
             ),
             request_id=request_id,
         )
-        if int(reply[0]) != 0:
+        if int(reply[0]) != RecordReply.RECORDED:
             return False, None
         if state == "unknown":
-            await self.needs.hint(keys, step)
+            await self._needs.hint(keys, step)
         return True, (int(reply[1]) if reply[1] else None)
+
+    # -- outputs (gateway.fencing.outputs) -----------------------------------
+
+    async def output_stage(
+        self,
+        keys: JobKeys,
+        *,
+        generation: int,
+        name: str,
+        object_key: str,
+        upload: str,
+        upload_ms: int,
+        presigned: bool,
+        worker_id: str,
+        content_type: str,
+        by: str,
+        unaudited: str,
+    ) -> list[Any]:
+        """``output-stage-3``: the fenced decision before a byte of the output is written.
+        The reply as the script answers it (:class:`~gateway.store.replies.OutputStageReply`);
+        ``unaudited``: :meth:`RedisLink.unaudited_flag` of the tenant, reported back to the
+        budget by the caller (:meth:`RedisLink.rejection_spent`)."""
+        return await self._link.run_script(
+            "output-stage-3",
+            keys,
+            (keys.job, keys.outputs, keys.audit),
+            (
+                str(generation),
+                self._registration,
+                name,
+                object_key,
+                upload,
+                str(upload_ms),
+                "1" if presigned else "0",
+                keys.job_id,
+                keys.tenant,
+                worker_id,
+                self._retention,
+                content_type,
+                by,
+                unaudited,
+            ),
+        )
+
+    async def output_record(
+        self,
+        keys: JobKeys,
+        *,
+        generation: int,
+        name: str,
+        upload: str,
+        size: int,
+        sha256: str,
+        content_type: str,
+        etag: str,
+        worker_id: str,
+        abandon: bool,
+    ) -> list[Any]:
+        """``output-record-3``: the fenced record of a written output (``abandon``: the end of
+        a failed upload's claim). The reply as the script answers it
+        (:class:`~gateway.store.replies.OutputRecordReply`)."""
+        return await self._link.run_script(
+            "output-record-3",
+            keys,
+            (keys.job, keys.outputs, keys.audit),
+            (
+                str(generation),
+                name,
+                upload,
+                str(size),
+                sha256,
+                content_type,
+                etag,
+                keys.job_id,
+                keys.tenant,
+                worker_id,
+                self._retention,
+                "abandon" if abandon else "record",
+            ),
+        )
+
+
+class Store:
+    """The store: one link to Redis (:class:`RedisLink`) and the parts given it, each owning
+    its own state: the decisions, the relay queue, the reads and the "needs a decision" index.
+
+    The parts are public (``store.decisions``, ``store.relay_queue``, ``store.reads``,
+    ``store.needs``, ``store.link``); the methods callers use are bound here once, from the
+    part that owns them, so a call through the store is the part's own call (no frame more on
+    the hot path). The link's state (the slot marks, the budget, the problems the periodic
+    checks found) is read and set on ``store.link``."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        registration: str,
+        dispatch_timeout_ms: int,
+        retention_seconds: int,
+        state_file: Path | None = None,
+        request_memory_seconds: float = 60.0,
+        audit_key: str = "",
+        ack: AckPolicy | None = None,
+    ) -> None:
+        link = self.link = RedisLink(
+            client,
+            retention_seconds=retention_seconds,
+            state_file=state_file,
+            request_memory_seconds=request_memory_seconds,
+            audit_key=audit_key,
+            ack=ack,
+        )
+        needs = self.needs = NeedsIndex(link)
+        reads = self.reads = StoreReads(link, needs)
+        relay_queue = self.relay_queue = RelayQueue(
+            link,
+            needs,
+            dispatch_timeout_ms=dispatch_timeout_ms,
+            retention_seconds=retention_seconds,
+        )
+        decisions = self.decisions = Decisions(
+            link,
+            needs,
+            reads,
+            registration=registration,
+            dispatch_timeout_ms=dispatch_timeout_ms,
+            retention_seconds=retention_seconds,
+        )
+        # the link: boot, the periodic checks, readiness, and the calls of the other store
+        # modules (run_script, guard, the rejections budget's flag)
+        self.aclose = link.aclose
+        self.guard = link.guard
+        self.run_script = link.run_script
+        self.load_scripts = link.load_scripts
+        self.initialize = link.initialize
+        self.load_marks = link.load_marks
+        self.persist_marks = link.persist_marks
+        self.heartbeat_epoch = link.heartbeat_epoch
+        self.check_durability = link.check_durability
+        self.witness = link.witness
+        self.went_back = link.went_back
+        self.quarantine_cause = link.quarantine_cause
+        self.ready = link.ready
+        self.readiness = link.readiness
+        self.learn_clock = link.learn_clock
+        self.clock_at = link.clock_at
+        self.redis_clock_ms = link.redis_clock_ms
+        self.unaudited_flag = link.unaudited_flag
+        self.rejection_spent = link.rejection_spent
+        # the decisions
+        self.rejected = decisions.rejected
+        self.register = decisions.register
+        self.heartbeat = decisions.heartbeat
+        self.check = decisions.check
+        self.reject = decisions.reject
+        self.resolve = decisions.resolve
+        self.cancel = decisions.cancel
+        self.admit = decisions.admit
+        self.void = decisions.void
+        self.record = decisions.record
+        self.output_stage = decisions.output_stage
+        self.output_record = decisions.output_record
+        # the relay queue
+        self.relay_hint = relay_queue.relay_hint
+        self.relay_unhint = relay_queue.relay_unhint
+        self.relay_due = relay_queue.relay_due
+        self.sweep = relay_queue.sweep
+        self.relay_claim = relay_queue.relay_claim
+        # the reads
+        self.effect = reads.effect
+        self.job = reads.job
+        self.verify_audit = reads.verify_audit
+        self.audit = reads.audit
+        self.history = reads.history
+        self.attention = reads.attention
+        self.overview = reads.overview
+        self.record_chain_check = reads.record_chain_check
+        self.reconcile_attention = reads.reconcile_attention
+
+    @property
+    def client(self) -> aioredis.Redis:
+        return self.link.client
+
+    @property
+    def batcher(self) -> Batcher | ClusterRouter:
+        """The auto-pipeline every script and the audit feed go through."""
+        return self.link.batcher
+
+    @property
+    def cluster(self) -> bool:
+        return self.link.cluster
+
+    @property
+    def retention_ms(self) -> int:
+        return self.link.retention_ms

@@ -34,6 +34,8 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from gateway.store.driver import driver_info
+
 __all__ = ["NodeFacts", "Shard", "Topology", "check_topology", "node_url", "watch"]
 
 log = structlog.get_logger("fencegate.topology")
@@ -115,7 +117,11 @@ async def _facts(url: str, address: str, io_timeout: float) -> tuple[NodeFacts, 
     """One node's version, role and settings, and its INFO replication."""
     facts = NodeFacts(address)
     client = aioredis.Redis.from_url(
-        url, decode_responses=True, socket_timeout=io_timeout, socket_connect_timeout=io_timeout
+        url,
+        decode_responses=True,
+        socket_timeout=io_timeout,
+        socket_connect_timeout=io_timeout,
+        driver_info=driver_info(),
     )
     replication: dict[str, Any] = {}
     try:
@@ -208,7 +214,11 @@ async def _layout(
     if facts.error:
         return facts, replication, False, None
     client = aioredis.Redis.from_url(
-        url, decode_responses=True, socket_timeout=io_timeout, socket_connect_timeout=io_timeout
+        url,
+        decode_responses=True,
+        socket_timeout=io_timeout,
+        socket_connect_timeout=io_timeout,
+        driver_info=driver_info(),
     )
     try:
         info = await client.info("cluster")

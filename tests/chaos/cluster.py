@@ -15,7 +15,7 @@ scenarios run, a fault task takes turns at:
   meanwhile: nothing acknowledged, nothing dispatched for it);
 - **plain failover**: ``CLUSTER FAILOVER`` (no FORCE/TAKEOVER) on a replica: the safe,
   operator-initiated switch;
-- **lagging kill**: the loss scenario of ``tests/integration/test_cluster_replication.py`` under
+- **lagging kill**: the loss scenario of ``tests/cluster/test_replica_loss.py`` under
   traffic — the replica SIGSTOPped with 40 MB queued behind it in the primary's slots (kernel
   buffers cannot hide that), traffic goes on 0.1-0.5 s, ``kill -9`` of the primary, the
   replica continued and promoted by the automatic failover. Whatever the old primary had that
@@ -44,8 +44,8 @@ from tests.chaos.liveness import Hop
 from tests.chaos.replicas import REPLICATED, ReplicaChaos
 from tests.chaos.replicas import main as replicas_main
 from tests.chaos.replicas import run as replicas_run
-from tests.chaos.wire import WireProxy
-from tests.valkey_cluster import Node, ValkeyCluster
+from tests.support.valkey_cluster import Node, ValkeyCluster
+from tests.support.wire import WireProxy
 
 FAULTS = ("primary_kill", "replica_stop", "plain_failover", "lagging_kill")
 

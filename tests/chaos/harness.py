@@ -5,7 +5,7 @@
 Parts, all on loopback:
 - a durable redis-server we kill -9, restart, and restart empty;
 - a TCP fault proxy between the gateway and Redis and one between the gateway and the
-  downstreams (:mod:`tests.chaos.wire`): whole-proxy delay, blackhole, reset, and faults
+  downstreams (:mod:`tests.support.wire`): whole-proxy delay, blackhole, reset, and faults
   armed in the middle of real traffic: drop the connection after the request arrived (the
   other side acted, the reply is lost), hold the reply (then deliver or drop), hold the
   request (then deliver, even after the gateway gave up, or drop), reset; the downstream
@@ -69,7 +69,7 @@ from aiohttp import web
 
 from gateway.store.embedded import EmbeddedRedis, free_port
 from tests.chaos.liveness import Hop, Liveness
-from tests.chaos.wire import WIRE_MODES, Fault, WireProxy
+from tests.support.wire import WIRE_MODES, Fault, WireProxy
 
 CRASH_POINTS = ("before_admit", "after_admit", "after_dispatch", "after_record")
 DISPATCH_TIMEOUT = 1.0

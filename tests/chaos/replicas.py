@@ -38,8 +38,8 @@ from typing import Any
 import aiohttp
 
 from tests.chaos.harness import Chaos, Downstream, Gateway, script_shas
-from tests.chaos.wire import WireProxy
-from tests.valkey_replicas import ReplicaSet
+from tests.support.valkey_replicas import ReplicaSet
+from tests.support.wire import WireProxy
 
 FAULTS = ("replica_stop", "primary_kill", "lagging_failover")
 REPLICATED = (  # the [redis] lines every replica chaos run's gateways get

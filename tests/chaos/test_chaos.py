@@ -9,6 +9,8 @@ import pytest
 
 from tests.chaos.harness import run
 
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
 
 def _figure(report: str, name: str) -> str:
     match = re.search(rf"^\| {re.escape(name)} \| (.*) \|$", report, re.M)

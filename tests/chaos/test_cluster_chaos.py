@@ -13,6 +13,8 @@ import pytest
 from tests.chaos.cluster import run
 from tests.chaos.test_replica_chaos import _figure
 
+pytestmark = [pytest.mark.chaos, pytest.mark.cluster, pytest.mark.slow]
+
 
 @pytest.mark.timeout(300)  # ~45 s alone; failovers and resyncs on a shared 2-core machine
 def test_short_cluster_chaos_run_holds_every_invariant() -> None:

@@ -11,6 +11,8 @@ import pytest
 
 from tests.chaos.replicas import run
 
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
 
 def _figure(report: str, name: str) -> str:
     match = re.search(rf"^\| {re.escape(name)} \| (.*) \|$", report, re.M)

@@ -1,4 +1,4 @@
-"""The console's access design under attack (issue 22): a secret computed from a key, a
+"""The console's access design under attack: a secret computed from a key, a
 cookie replayed without the proof of login, a cookie after logout, a flood of wrong keys,
 the cookie's attributes under TLS."""
 

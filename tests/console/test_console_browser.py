@@ -1,4 +1,4 @@
-"""The console in a real headless Chromium (issue 17, "What it must show")."""
+"""The console in a real headless Chromium."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from playwright.async_api import expect
@@ -23,6 +24,8 @@ from tests.console.conftest import (
     WORKER,
     Console,
 )
+
+pytestmark = pytest.mark.browser
 
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"
 
@@ -164,7 +167,7 @@ async def test_a_tampered_chain_shows_on_the_chain_page(
         assert (await console.effect("ledger-2", step, 1)).status == 409
     stream = "fg:{default/ledger-2}:audit"
     middle = redis_sync.xrange(stream)[2][0]
-    redis_sync.xdel(stream, middle)  # as tests/integration/test_audit_chain.py does
+    redis_sync.xdel(stream, middle)  # as tests/store/test_audit_chain.py does
     tab = await tabs(console.base)
     await tab.login(ADMIN, "/console/chain")
     await expect(tab.page.locator("#wording")).to_contain_text("consistent")

@@ -12,9 +12,7 @@ from typing import Any
 import aiohttp
 from playwright.async_api import expect
 
-from tests.integration.test_serve import Serve, serves, write_config
-
-__all__ = ["serves"]  # the fixture, re-exported for pytest
+from tests.support.processes import Serve, write_config
 
 GRACE = 10.0
 

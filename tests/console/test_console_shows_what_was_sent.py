@@ -1,5 +1,5 @@
 """What the console, the API and the SDK show is what the gateway sent and wrote: the
-downstream key a receiver got (issue 22, finding 9) and the audit reasons (the console's
+downstream key a receiver got and the audit reasons (the console's
 reason filter offers exactly the vocabulary of gateway.core.reasons)."""
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -14,6 +16,7 @@ import redis
 from gateway.store.keys import JobKeys
 from gateway.store.scripts import SCRIPT_NAMES, lua_source
 
+JOB = JobKeys("t", "j")  # the job every Lua test calls the scripts for
 REQUEST_MEMORY_MS = 60_000
 RETENTION = "3600"
 _ids = itertools.count(1)
@@ -31,9 +34,16 @@ class Scripts:
             client.script_load(source)
 
     def run(
-        self, name: str, job: JobKeys, call: Call, *, request_id: str | None = None
+        self,
+        name: str,
+        job: JobKeys,
+        call: Call,
+        *,
+        request_id: str | None = None,
+        feed: str = "",
     ) -> list[Any]:
-        """The script's reply without the slot counter (the slot's marker is created first)."""
+        """The script's reply without the slot counter (the slot's marker is created first).
+        ``feed``: the trailer's tenant feed key ('' as on a Cluster: no copy by the script)."""
         self.client.set(job.marker, "1", nx=True)
         rid = request_id or f"r{next(_ids)}"
         keys, args = call
@@ -49,6 +59,7 @@ class Scripts:
             str(REQUEST_MEMORY_MS),
             "0",
             "",
+            feed,
         )
         assert isinstance(reply, list)
         return reply[1:]
@@ -110,14 +121,56 @@ def heartbeat(job: JobKeys, gen: int, mode: str) -> Call:
     )
 
 
-# Every script that runs the fence guard (includes/fence), with a call of it by generation
-# `gen` in registration mode `mode`; the step each one's audit entries name.
-FENCED: dict[str, tuple[Callable[[JobKeys, int, str], Call], str]] = {
-    "admit-6": (admit, "s"),
-    "checkpoint-3": (checkpoint, "checkpoint:c"),
-    "complete-3": (complete, "job:complete"),
-    "output-stage-3": (output_stage, "output:o"),
-    "heartbeat-2": (heartbeat, ""),
+def check(job: JobKeys, gen: int, mode: str) -> Call:
+    return (
+        (job.job, job.audit),
+        (str(gen), mode, job.job_id, "w", job.tenant, RETENTION, "s", "hook", ""),
+    )
+
+
+RECORDED_UPLOAD = "u-staged"  # the upload id of the entry :func:`stage_entry` writes
+
+
+def output_record(job: JobKeys, gen: int, mode: str) -> Call:
+    """The record of the upload :func:`stage_entry` staged for generation ``gen`` (the record
+    takes no registration mode: it never raises the fence)."""
+    return (
+        (job.job, job.outputs, job.audit),
+        (str(gen), "o", RECORDED_UPLOAD, "5", "c" * 64, "text/plain", "e", job.job_id,
+         job.tenant, "w", RETENTION, "record"),
+    )  # fmt: skip
+
+
+def stage_entry(client: redis.Redis, job: JobKeys, gen: int) -> None:
+    """Output ``o`` of generation ``gen`` staged (the entry output-stage-3 writes), as it is
+    when the bytes have been written and the record is sent."""
+    entry = {"state": "staged", "key": f"{job.tenant}/{job.job_id}/g{gen}/o", "size": 0,
+             "sha256": "", "content_type": "text/plain", "staged_ms": 1, "recorded_ms": 0,
+             "presigned": False, "upload": RECORDED_UPLOAD, "deadline": 2**52, "etag": "",
+             "worker_id": "w"}  # fmt: skip
+    client.hset(job.outputs, f"{gen}/o", json.dumps(entry))
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """A fenced script: a call of it by generation ``gen`` in registration mode ``mode``
+    (``build``), the step its audit entries name, and what must be in Redis first
+    (``prepare``: the record of an output needs its stage)."""
+
+    build: Callable[[JobKeys, int, str], Call]
+    step: str
+    prepare: Callable[[redis.Redis, JobKeys, int], None] | None = None
+
+
+# Every script that decides under the fence, with one call of it.
+FENCED: dict[str, Fenced] = {
+    "admit-6": Fenced(admit, "s"),
+    "check-2": Fenced(check, "s"),
+    "checkpoint-3": Fenced(checkpoint, "checkpoint:c"),
+    "complete-3": Fenced(complete, "job:complete"),
+    "output-stage-3": Fenced(output_stage, "output:o"),
+    "output-record-3": Fenced(output_record, "output:o", stage_entry),
+    "heartbeat-2": Fenced(heartbeat, ""),
 }
 
 

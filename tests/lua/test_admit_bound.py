@@ -6,19 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
-import redis
 
-from gateway.store.keys import JobKeys
-from tests.lua.scripts import REQUEST_MEMORY_MS, RETENTION, Scripts, admit
+from tests.lua.scripts import JOB, REQUEST_MEMORY_MS, RETENTION, Scripts, admit
 
-JOB = JobKeys("t", "j")
-
-
-@pytest.fixture
-def lua(redis_sync: redis.Redis) -> Scripts:
-    scripts = Scripts(redis_sync)
-    scripts.register(JOB, 1)
-    return scripts
+pytestmark = pytest.mark.usefixtures("job_registered")
 
 
 def now_ms() -> int:

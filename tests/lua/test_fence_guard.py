@@ -1,6 +1,11 @@
-"""The fence guard (``lua/includes/fence.lua``) as every fenced script runs it: the same table
-of cases against each of admit-6, checkpoint-3, complete-3, output-stage-3 and heartbeat-2,
-on a real Redis; the same reason codes, the same audit entries, the same implicit raise."""
+"""The guard matrix: every script that decides under the fence (admit-6, check-2,
+checkpoint-3, complete-3, output-stage-3, output-record-3, heartbeat-2) against the same cases
+-- the current generation, a job never registered, below the fence, above it, cancelled,
+completed, the lease expired -- on a real Redis: the same reason codes, the same audit entries
+(both generations), the same implicit raise. The fence guard (``lua/includes/fence.lua``) is
+what all but output-record-3 run; the record's own checks differ where its header says (no
+registration mode, no lease, completion before the fence), and the tables below name each
+difference."""
 
 from __future__ import annotations
 
@@ -8,22 +13,15 @@ import time
 from typing import Any
 
 import pytest
-import redis
 
-from gateway.store.keys import JobKeys
-from tests.lua.scripts import FENCED, Scripts, complete_job, heartbeat
-
-JOB = JobKeys("t", "j")
-
-
-@pytest.fixture
-def lua(redis_sync: redis.Redis) -> Scripts:
-    return Scripts(redis_sync)
+from tests.lua.scripts import FENCED, JOB, Scripts, complete_job, heartbeat
 
 
 def call(lua: Scripts, name: str, gen: int, mode: str = "required") -> list[Any]:
-    build, _ = FENCED[name]
-    return lua.run(name, JOB, build(JOB, gen, mode))
+    spec = FENCED[name]
+    if spec.prepare is not None:
+        spec.prepare(lua.client, JOB, gen)
+    return lua.run(name, JOB, spec.build(JOB, gen, mode))
 
 
 def last_audit(lua: Scripts) -> tuple[str, dict[str, str]]:
@@ -41,10 +39,31 @@ def assert_rejected(lua: Scripts, name: str, reply: list[Any], reason: str, *, p
     assert fields["reason"] == reason
     assert (fields["presented"], fields["current"]) == (str(presented), str(current))
     assert (fields["tenant"], fields["job_id"], fields["worker_id"]) == ("t", "j", "w")
-    assert fields["step"] == FENCED[name][1]
+    assert fields["step"] == FENCED[name].step
 
 
 SCRIPTS = sorted(FENCED)
+
+
+# What the current generation's call answers (complete-3 names an output nobody recorded).
+CURRENT = {name: 0 for name in SCRIPTS} | {"complete-3": 7}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_current_generation_passes_unaudited(lua: Scripts, name: str) -> None:
+    lua.register(JOB, 1)
+    reply = call(lua, name, 1)
+    assert reply[0] == CURRENT[name], reply
+    assert lua.client.xlen(JOB.audit) == 1  # register-2's entry only
+    assert lua.client.hget(JOB.job, "fence") == "1"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_job_never_registered_is_unregistered_in_required_mode(lua: Scripts, name: str) -> None:
+    reply = call(lua, name, 1)
+    assert_rejected(lua, name, reply, "unregistered_generation", presented=1, current=0)
+    assert lua.client.hget(JOB.job, "fence") is None
+    assert lua.client.ttl(JOB.job) > 0  # the hash of a job with no fence expires
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -75,9 +94,14 @@ def test_a_generation_above_the_fence_is_unregistered_in_required_mode(
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_an_expired_lease_is_refused(lua: Scripts, name: str) -> None:
+    """Except by the record of a staged output: its stage checked the lease, and a lease that
+    ran out without a new generation leaves the fence where it was."""
     lua.register(JOB, 1, lease_ms=1)
     time.sleep(0.01)
     reply = call(lua, name, 1)
+    if name == "output-record-3":
+        assert reply[0] == 0, reply
+        return
     assert_rejected(lua, name, reply, "lease_expired", presented=1, current=1)
 
 
@@ -92,12 +116,9 @@ def test_a_completed_jobs_fence_is_never_raised(lua: Scripts, name: str) -> None
 
 # The one documented difference in order: an upload stage checks completion before the fence
 # (nothing is staged after a completion, whoever asks), the others after it.
-STALE_ON_A_COMPLETED_JOB = {
-    "admit-6": "stale_generation",
-    "checkpoint-3": "stale_generation",
-    "complete-3": "stale_generation",
-    "heartbeat-2": "stale_generation",
+STALE_ON_A_COMPLETED_JOB = {name: "stale_generation" for name in SCRIPTS} | {
     "output-stage-3": "job_completed",
+    "output-record-3": "job_completed",
 }
 
 
@@ -110,7 +131,28 @@ def test_the_order_of_the_completed_check(lua: Scripts, name: str) -> None:
     assert_rejected(lua, name, reply, STALE_ON_A_COMPLETED_JOB[name], presented=1, current=2)
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
+# The scripts that raise the fence in implicit mode (check-2 only reads; output-record-3
+# records what a stage of the current generation began).
+RAISING = [n for n in SCRIPTS if n not in ("check-2", "output-record-3")]
+
+
+def test_above_the_fence_in_implicit_mode_a_check_passes_without_the_raise(lua: Scripts) -> None:
+    lua.register(JOB, 1, lease_ms=60_000)
+    reply = call(lua, "check-2", 2, "implicit")
+    assert reply[0] == 0, reply
+    assert lua.client.hget(JOB.job, "fence") == "1"
+    assert lua.client.xlen(JOB.audit) == 1
+
+
+def test_above_the_fence_in_implicit_mode_a_record_is_unregistered(lua: Scripts) -> None:
+    lua.register(JOB, 1)
+    reply = call(lua, "output-record-3", 2, "implicit")
+    assert_rejected(lua, "output-record-3", reply, "unregistered_generation", presented=2,
+                    current=1)  # fmt: skip
+    assert lua.client.hget(JOB.job, "fence") == "1"
+
+
+@pytest.mark.parametrize("name", RAISING)
 def test_an_implicit_raise_is_the_same_registration_everywhere(lua: Scripts, name: str) -> None:
     """Above the fence in implicit mode: the fence is the presented generation, without the
     old generation's lease (lease_exp '0', lease_ms ''), the job hash never expires, and the
@@ -133,11 +175,11 @@ def test_an_implicit_raise_is_the_same_registration_everywhere(lua: Scripts, nam
     assert len(registrations) == 2  # register-2's, then the raise
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize("name", RAISING)
 def test_an_implicit_raise_does_not_hand_the_old_lease_to_the_new_generation(
     lua: Scripts, name: str
 ) -> None:
-    """Issue 21 item 5: generation 1 registered with a lease in implicit mode; generation 2
+    """Generation 1 registered with a lease in implicit mode; generation 2
     raises the fence through an admit, a checkpoint, a completion or an upload stage, then
     heartbeats. The heartbeat must not grant generation 2 generation 1's lease (it did, except
     when the raise was the heartbeat itself)."""

@@ -12,7 +12,7 @@ import pytest
 from gateway.store.scripts import SCRIPT_NAMES, ScriptSourceError, lua_source
 
 LUA = Path(__file__).resolve().parents[2] / "gateway" / "store" / "lua"
-FENCED = ("admit-6", "checkpoint-3", "complete-3", "output-stage-3", "heartbeat-2")
+FENCED = ("admit-6", "checkpoint-3", "complete-3", "output-stage-3", "heartbeat-2", "check-2")
 
 
 def tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -70,7 +70,7 @@ def test_a_store_with_an_unknown_include_fails_when_it_is_built(
     """The store assembles every source in its constructor, before any script is loaded."""
     import redis.asyncio as aioredis
 
-    from gateway.store import base
+    from gateway.store import link
     from gateway.store.store import Store
 
     lua = tree(tmp_path, {"admit-6": '--- @include "includes/missing"\n'})
@@ -78,7 +78,7 @@ def test_a_store_with_an_unknown_include_fails_when_it_is_built(
     def broken(name: str) -> str:
         return lua_source(name, lua if name == "admit-6" else None)
 
-    monkeypatch.setattr(base, "lua_source", broken)
+    monkeypatch.setattr(link, "lua_source", broken)
     with pytest.raises(ScriptSourceError, match="missing"):
         Store(aioredis.Redis(), registration="required", dispatch_timeout_ms=1,
               retention_seconds=1)  # fmt: skip
@@ -95,3 +95,38 @@ def test_an_include_takes_everything_it_uses_as_arguments() -> None:
             r'^--- @include "includes/(.+)"$', (LUA / f"{name}.lua").read_text(), re.M
         ):
             assert (LUA / "includes" / f"{wanted}.lua").is_file(), (name, wanted)
+
+
+SHARED = {  # each shared function: the include that defines it
+    "audit": "audit",
+    "hmac": "audit",
+    "index": "index",
+    "feed_copy": "feed",
+    "reject_call": "reject",
+    "fence_guard": "fence",
+}
+
+
+def test_each_shared_function_is_written_once_in_its_include() -> None:
+    """The audit chain, the index, the feed copy, the rejection and the guard live in their
+    includes only: no script body and no other include (nor the prelude) defines them."""
+    defined = re.compile(r"^local function ([a-z_]+)\(", re.M)
+    texts = {f"includes/{p.stem}": p.read_text() for p in (LUA / "includes").glob("*.lua")}
+    texts["_prelude"] = (LUA / "_prelude.lua").read_text()
+    texts.update({name: (LUA / f"{name}.lua").read_text() for name in SCRIPT_NAMES})
+    for where, text in texts.items():
+        for function in defined.findall(text):
+            if function in SHARED:
+                assert where == f"includes/{SHARED[function]}", (function, where)
+
+
+def test_a_script_carries_the_shared_functions_it_calls_and_no_others() -> None:
+    """Each assembled source defines a shared function exactly when the script (or one of its
+    includes) calls it: a script that audits nothing carries no audit chain code."""
+    for name in SCRIPT_NAMES:
+        source = lua_source(name)
+        for function in SHARED:
+            count = source.count(f"local function {function}(")
+            called = re.search(rf"(?<![\w.]){function}\(", source.replace(
+                f"local function {function}(", ""))  # fmt: skip
+            assert count == (1 if called else 0), (name, function, count)

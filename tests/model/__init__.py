@@ -1,1 +1,1 @@
-"""Exhaustive exploration of the fencing protocol on a real Redis (issue 12)."""
+"""Exhaustive exploration of the fencing protocol on a real Redis."""

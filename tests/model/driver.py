@@ -26,10 +26,10 @@ deadlines into the past, every future queue score and hint due; the gateway
 side marks its in-flight deadlines passed and its sweep due). Queue scores
 enter the state as due / later, so runs are exact and reproducible.
 
-Processes and restores (issue 21). The actors may run on two gateway processes, each with its
+Processes and restores. The actors may run on two gateway processes, each with its
 own :class:`gateway.store.store.Store` and its own :class:`gateway.store.marks.SlotMarks`
 (``marks``: ``shared`` -- both on one data dir, one memory-mapped marks file; ``hosts`` -- one
-data dir each, with the per-data-dir witness of :meth:`StoreBase.witness`; ``own`` -- the
+data dir each, with the per-data-dir witness of :meth:`RedisLink.witness`; ``own`` -- the
 store of 4a7c224: each process's marks in its memory only, and a ``behind`` reply refused
 without the quarantine). The marks are part of the explored state: the explorer sets them
 before every step (:meth:`Driver.set_marks`) and reads them after it (:meth:`Driver.get_marks`),
@@ -61,14 +61,16 @@ from gateway.core.errors import (
     EffectNotUnknown,
     FencegateError,
     NotFound,
+    OutputNotStaged,
     Rejection,
     StoreUnavailable,
 )
 from gateway.core.intents import intent_digest
-from gateway.core.records import Admitted, InProgress, Queued, RelayClaim, Replay
-from gateway.core.records import Unknown as UnknownVerdict
+from gateway.core.records import Admitted, InProgress, Queued, RelayClaim, Replay, Unresolved
+from gateway.store.jobstate import JobState
 from gateway.store.keys import MARKER, QUARANTINE, JobKeys, needs_hint, relay_hint
 from gateway.store.marks import MARKS_FILE, SlotMarks
+from gateway.store.replies import OutputRecordReply, OutputStageReply
 from gateway.store.store import Store
 
 TENANT, JOB = "t", "j"
@@ -77,15 +79,15 @@ ADAPTER, OPERATION = "hook", "refund"
 
 HOUR_MS = 3_600_000
 REDIS_DISPATCH_MS = HOUR_MS  # the dispatch timeout the scripts get: no deadline passes alone
-RELAY_RETRY_MS = HOUR_MS  # service._RELAY_RETRY_MS (1 s): a released relay step is due again
+RELAY_RETRY_MS = HOUR_MS  # dispatch.RELAY_RETRY_MS (1 s): a released relay step is due again
 IN_PROGRESS_SLACK_MS = 50  # _relay_one: "look again after its deadline" + 50 ms
 RECORD_TRIES = 6  # _record: one try and len(_RECORD_BACKOFF) retries
 CLAIM_TRIES = 3  # _claim: (0.0, 0.05, 0.2), then void
-RELAY_PER_TENANT = 16  # relay_forever(per_tenant=16)
+RELAY_PER_TENANT = 16  # Relay.run(per_tenant=16)
 RETENTION_S = 7 * 86_400
 REQUEST_MEMORY_S = 3600  # redis.request_memory_seconds: no remembered reply expires in a run
 BASELINE = "model-baseline"  # the durability marker's id (fencegate init writes one)
-# StoreBase.witness: the witness key's baseline, a hash of the durability marker's id
+# RedisLink.witness: the witness key's baseline, a hash of the durability marker's id
 WITNESS_BASE = int(hashlib.sha1(BASELINE.encode(), usedforsecurity=False).hexdigest()[:15], 16)
 MARKS = ("shared", "hosts", "own")  # see the module doc
 
@@ -172,12 +174,45 @@ class WorkerLocal:
     retries: int = 0
 
 
+# A job worker's program: each step one fenced script of the job's own state.
+JOB_STEPS = ("heartbeat", "checkpoint", "stage", "record", "complete")
+OUTPUT = "o"  # the one output a job worker uploads
+UPLOAD_MS = HOUR_MS  # outputs.upload_timeout_seconds: no upload's claim ends by itself
+
+
+@dataclass(frozen=True)
+class JobWorkerSpec:
+    """A worker of generation ``gen`` working on the job itself (not an effect): its
+    ``program`` of :data:`JOB_STEPS`, in order, each one call of the store."""
+
+    name: str
+    gen: int
+    program: tuple[str, ...] = ("checkpoint", "stage", "record", "complete")
+
+    @property
+    def sha256(self) -> str:  # the bytes of its output
+        return hashlib.sha256(f"output of generation {self.gen}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobLocal:
+    # at: the index of the next step of the program (len: done); then, after a timeout,
+    # follow: "abandon" (a stage or record whose reply never came: OutputService._abandon_soon)
+    # or "resend" (a completion: CompletionService.complete sends it once more, same id)
+    at: int = 0
+    follow: str = ""
+    stopped: bool = False  # refused (409), given up (503) or crashed: it does nothing more
+    upload: str = ""  # the stage's upload id
+    rid: str = ""  # the completion's request id
+    recorded: bool = False  # its output was recorded (the completion names it)
+
+
 @dataclass(frozen=True)
 class RelayLocal:
     # idle -> (sweep | poll) -> batch -> claim [-> resend* -> void] -> claimed -> sent
     #      -> hint | unhint -> batch | idle
     pc: str = "idle"
-    sweep: bool = True  # relay_forever sweeps at start and every sweep_seconds
+    sweep: bool = True  # Relay.run sweeps at start and every sweep_seconds
     batch: tuple[str, ...] = ()  # the steps relay_due returned
     idx: int = 0
     did: str = ""
@@ -235,14 +270,29 @@ class Resend:
 
 
 class Wire:
-    """Where the store's Batcher (gateway.store.batching) stands: every script comes here."""
+    """Where the store's Batcher (gateway.store.batching) stands: every script comes here.
 
-    def __init__(self, client: redis.Redis, names: dict[str, str], snapshot: Callable[[], Any]):
-        self.r = client
+    One round trip per script call: the snapshot the explorer put back (:meth:`restore`, sent
+    with the first command of the step), the authority reads around an admit or relay claim,
+    the script, and the read of every key after it (:meth:`read`) go in one pipeline."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        names: dict[str, str],
+        snapshot: Callable[[], Any],
+        read_sha: str = "",
+        restore_sha: str = "",
+    ) -> None:
+        self.r = client  # decodes with surrogateescape: DUMP payloads survive as str
         self.names = names  # sha -> script name
         self.snapshot = snapshot
+        self.read_sha, self.restore_sha = read_sha, restore_sha
+        self.pending: list[bytes] | None = None  # a snapshot to put back before any command
+        self.last_read: list[Any] | None = None  # the read after the last command, if no other
         self.mode = "ok"
-        self.replies: list[tuple[str, str, list[Any]]] = []  # (script, request id, reply)
+        # (script, request id, reply, ARGV without the trailer) of every script run
+        self.replies: list[tuple[str, str, list[Any], Sequence[str]]] = []
         self.resends: list[Resend] = []
         # request id -> (fence, cancelled, pinned intent, state before, resolved before,
         # acknowledged fence, phase, quarantined) as the first run of an admit / relay claim
@@ -250,28 +300,71 @@ class Wire:
         self.ran: dict[str, tuple[int, bool, str, str, bool, int, str, bool]] = {}
         self.context: tuple[int, str] = (1, "")  # (acknowledged fence, phase): the explorer's
 
+    def restore(self, args: list[bytes]) -> None:
+        """Redis is to be put back to this snapshot before the next command reaches it."""
+        self.pending = args
+        self.last_read = None
+
+    def touch(self, writes: bool = True) -> None:
+        """A command outside the pipeline follows: the snapshot first, and the read is stale
+        unless the command only reads."""
+        if self.pending is not None:
+            self.r.evalsha(self.restore_sha, 0, *self.pending)
+            self.pending = None
+        if writes:
+            self.last_read = None
+
+    def read(self) -> list[Any]:
+        """The read script's reply for Redis as it is now (no round trip when cached)."""
+        if self.pending is None and self.last_read is not None:
+            return self.last_read
+        self.touch()
+        self.last_read = self.r.evalsha(self.read_sha, 0)
+        return self.last_read
+
     def _eval(self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]) -> Any:
         name = self.names.get(sha, sha)
-        rid = args[-4]  # the prelude's trailer: request id, memory, seen, audit key
+        rid = args[-5]  # the prelude's trailer: request id, memory, seen, audit key, feed
         fx = {"admit-6": keys[1], "relay-5": keys[0]}.get(name)
-        if fx and rid not in self.ran:  # what the authorising run sees before it runs
-            state, resolved = self.r.hmget(fx, "state", "resolved_by")
-            quarantined = bool(self.r.exists(QUARANTINE))
-        try:
-            reply = self.r.evalsha(sha, len(keys), *keys, *args)
-        except NoScriptError:
-            assert source is not None
-            reply = self.r.eval(source, len(keys), *keys, *args)
-        if fx and rid not in self.ran:
+        first = bool(fx) and rid not in self.ran  # an authorising script's first run
+        pipe = self.r.pipeline(transaction=False)
+        if self.pending is not None:
+            pipe.evalsha(self.restore_sha, 0, *self.pending)
+            self.pending = None
+        if first:  # what the authorising run sees before it runs
+            pipe.hmget(fx, "state", "resolved_by")
+            pipe.exists(QUARANTINE)
+        pipe.evalsha(sha, len(keys), *keys, *args)
+        if first:
             # An authorising script's run, read right after it: a re-send of the same request
             # gets its remembered reply, so the authority is this run's, not the re-send's.
-            pipe = self.r.pipeline(transaction=False)
             pipe.hmget(keys[0] if name == "admit-6" else keys[1], "fence", "cancelled")
             pipe.hget(fx, "intent_sha256")
-            (fence, cancelled), pinned = pipe.execute()
+        pipe.evalsha(self.read_sha, 0)
+        out = pipe.execute(raise_on_error=False)
+        for x in out:
+            if isinstance(x, Exception) and not isinstance(x, NoScriptError):
+                self.last_read = None
+                raise x
+        self.last_read = out.pop()
+        if first:
+            (fence, cancelled), pinned = out.pop(-2), out.pop()
+        reply = out.pop()
+        if first:
+            (state, resolved), quarantined = out[-2], bool(out[-1])
+        if isinstance(reply, NoScriptError):  # not loaded: sent as EVAL, read again after it
+            assert source is not None
+            self.last_read = None
+            reply = self.r.eval(source, len(keys), *keys, *args)
+            if first:
+                (fence, cancelled), pinned = (
+                    self.r.hmget(keys[0] if name == "admit-6" else keys[1], "fence", "cancelled"),
+                    self.r.hget(fx, "intent_sha256"),
+                )
+        if first:
             self.ran[rid] = (int(fence or 0), cancelled == "1", pinned or "", state or "-",
                              bool(resolved), *self.context, quarantined)  # fmt: skip
-        self.replies.append((name, rid, reply[1:]))  # {seq, code, ...}
+        self.replies.append((name, rid, reply[1:], args[:-5]))  # {seq, code, ...}, its ARGV
         return reply
 
     async def evalsha(
@@ -291,6 +384,7 @@ class Wire:
 
     async def execute(self, *args: Any, resend: bool = True) -> Any:
         """Batcher.execute: the audit feed copy (``resend`` only matters on a real wire)."""
+        self.touch()
         return self.r.execute_command(*args)
 
     async def aclose(self) -> None:
@@ -356,7 +450,12 @@ class Driver:
         )
         self._read_sha = self.rb.script_load(_READ_LUA)
         self._restore_sha = self.rb.script_load(_RESTORE_LUA)
-        self.aclient = aioredis.Redis.from_url(url, decode_responses=True)
+        self._aclient = aioredis.Redis.from_url(url, decode_responses=True)
+        # every script goes through the wire (one round trip each); the store's other commands
+        # (relay hints, reads, a quarantine) through this client, which puts the snapshot back
+        # first
+        self.wire = Wire(self.rb, {}, self.raw_state, self._read_sha, self._restore_sha)
+        self.aclient = _Touching(self._aclient, self.wire)
         if marks not in MARKS:
             raise ValueError(f"marks: one of {MARKS}")
         self.marks_mode = marks
@@ -376,25 +475,29 @@ class Driver:
                 retention_seconds=RETENTION_S,
                 request_memory_seconds=REQUEST_MEMORY_S,
             )
-            # the marks as StoreBase builds them from a state file in the data dir (a store
+            # the marks as RedisLink builds them from a state file in the data dir (a store
             # without one has marks of its own only: what every store of 4a7c224 had)
-            store.slot_seen = SlotMarks(paths[self.dir_of[p]] if marks != "own" else None)
-            store.host_id = f"dir{self.dir_of[p] + 1}"  # the witness key's data dir
+            store.link.slot_seen = SlotMarks(paths[self.dir_of[p]] if marks != "own" else None)
+            store.link.host_id = f"dir{self.dir_of[p] + 1}"  # the witness key's data dir
             if marks == "own":  # 4a7c224: a 'behind' reply refused the call, nothing more
-                store.went_back = _refuse_only  # type: ignore[method-assign]
+                store.link.went_back = _refuse_only  # type: ignore[method-assign]
             self.stores.append(store)
         self.store = self.stores[0]  # the store of the actor whose step runs (use())
+        self.jobstates = {
+            id(store): JobState(store, registration="required", retention_seconds=RETENTION_S)
+            for store in self.stores
+        }
+        self._uploads = itertools.count(1)  # upload ids: u-<n>, named by their holder
         self.steps = tuple(steps)
         self.dedupes = dedupes  # the adapter's capabilities: dedupes_by_key, no lookup
-        names = {sha: name for name, sha in self.store._shas.items()}
-        self.wire = Wire(self.r, names, self.raw_state)
+        self.wire.names.update({sha: name for name, sha in self.store.link._shas.items()})
         for store in self.stores:
-            store._batcher = self.wire  # type: ignore[assignment]
+            store.link._batcher = self.wire  # type: ignore[assignment]
         # Dispatch and request ids: unique per run and recognisable (the explorer names them
         # by the actor that holds them).
         self._ids = itertools.count(1)
-        self._saved_id = store_module._dispatch_id
-        store_module._dispatch_id = self.new_id
+        self._saved_id = store_module.new_dispatch_id
+        store_module.new_dispatch_id = self.new_id
         # A quarantine deletes every slot's marker; the model's Redis holds the job slot's
         # only, and DEL of the 16,383 absent ones (50 ms) changes nothing: they are skipped.
         self._saved_delete = durability_module.delete_slots
@@ -412,16 +515,19 @@ class Driver:
     def new_id(self) -> str:
         return f"d-{next(self._ids)}"
 
+    def new_upload(self) -> str:
+        return f"u-{next(self._uploads)}"
+
     def mutate(self, script: str, old: str, new: str) -> None:
         """Load a deliberately broken variant of one script (mutation test of the explorer)."""
-        src = self.store._sources[script]
+        src = self.store.link._sources[script]
         if old not in src:
             raise LookupError(f"{old!r} is not in {script}: update the mutation")
         src = src.replace(old, new)
         sha = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
         for store in self.stores:
-            store._sources[script] = src
-            store._shas[script] = sha
+            store.link._sources[script] = src
+            store.link._shas[script] = sha
         self.wire.names[sha] = script
 
     def use(self, process: int) -> None:
@@ -430,6 +536,7 @@ class Driver:
 
     async def setup(self) -> None:
         """The initial state: the slot's durability marker, generation 1 registered."""
+        self.wire.touch()
         old = self.r.keys("fg:*")
         if old:
             self.r.delete(*old)
@@ -449,9 +556,9 @@ class Driver:
     def get_marks(self) -> tuple[Any, ...]:
         slot = KEYS.slot
         own = tuple(
-            (s.slot_seen.own.get(slot, 0), s.slot_seen.latched_at_ms,
-             s.slot_seen.witness(WITNESS_BASE)) if s.slot_seen.path is None
-            else (s.slot_seen.own.get(slot, 0), 0, 0)
+            (s.link.slot_seen.own.get(slot, 0), s.link.slot_seen.latched_at_ms,
+             s.link.slot_seen.witness(WITNESS_BASE)) if s.link.slot_seen.path is None
+            else (s.link.slot_seen.own.get(slot, 0), 0, 0)
             for s in self.stores
         )  # fmt: skip
         shared = tuple(
@@ -473,7 +580,7 @@ class Driver:
             if wit:
                 m.record_witness(WITNESS_BASE, wit)
         for store, (mark, latch, wit) in zip(self.stores, own, strict=True):
-            m = store.slot_seen
+            m = store.link.slot_seen
             if m.path is None:
                 m.reset()
                 if latch:
@@ -498,7 +605,7 @@ class Driver:
         return [w for _, _, w in own]
 
     async def witness_tick(self, process: int) -> Effects:
-        """The marks task's witness (StoreBase.witness, every redis.marks_interval_seconds)."""
+        """The marks task's witness (RedisLink.witness, every redis.marks_interval_seconds)."""
         try:
             ok = await self.stores[process].witness()
         except StoreUnavailable:
@@ -506,23 +613,24 @@ class Driver:
         return Effects("witness: ahead" if ok else "witness went back: quarantined")
 
     async def aclose(self) -> None:
-        store_module._dispatch_id = self._saved_id
+        store_module.new_dispatch_id = self._saved_id
         durability_module.delete_slots = self._saved_delete
         durability_module.slot_marker = self._saved_marker
         for store in self.stores:
-            store.slot_seen.close()
+            store.link.slot_seen.close()
         for m in self.readers:
             m.close()
         self._dirs.cleanup()
-        await self.aclient.aclose()
+        await self._aclient.aclose()
         self.r.close()
         self.rb.close()
 
     # -- state of Redis: snapshot, restore, canonical view -------------------------------
 
     def read(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """Every ``fg:*`` key as data (see :meth:`raw_state`) and its DUMP: one command."""
-        reply = self.rb.evalsha(self._read_sha, 0)
+        """Every ``fg:*`` key as data (see :meth:`raw_state`) and its DUMP: one command, or
+        none when the last script's pipeline read it and nothing was sent since."""
+        reply = self.wire.read()
         dumps: dict[str, str] = {}
         keys: dict[str, tuple[str, Any]] = {}
         for name, kind, dump, content in zip(*(reply[i::4] for i in range(4)), strict=True):
@@ -531,9 +639,10 @@ class Driver:
         return self._raw(keys), dumps
 
     def restore(self, dumps: dict[str, str]) -> None:
-        """Put back a snapshot taken by :meth:`read`: one command."""
-        args = [x.encode("utf-8", "surrogateescape") for kv in dumps.items() for x in kv]
-        self.rb.evalsha(self._restore_sha, 0, *args)
+        """Put back a snapshot taken by :meth:`read`: sent with the next command."""
+        self.wire.restore(
+            [x.encode("utf-8", "surrogateescape") for kv in dumps.items() for x in kv]
+        )
 
     def raw_state(self) -> dict[str, Any]:
         return self.read()[0]
@@ -551,6 +660,8 @@ class Driver:
             "needs": _zset(content(KEYS.needs, [])),
             "needs_hints": _zset(content(needs_hint(TENANT), [])),
             "fx": {s: _pairs(content(KEYS.effect(s), [])) for s in self.steps},
+            "ckpt": _pairs(content(KEYS.ckpt, [])),
+            "outputs": _pairs(content(KEYS.outputs, [])),
             "keys": keys,
         }
         return raw
@@ -574,7 +685,9 @@ class Driver:
             for k, v in sorted(h.items()):
                 if k in self.TIME_FIELDS:
                     continue
-                if k == "deadline":
+                if k == "completed":  # the completion, without its clock reading
+                    v = _AT_MS.sub("", v)
+                elif k == "deadline":
                     v = deadline_class(v)
                 elif ids is not None and k in self.ID_FIELDS and v:
                     v = "held:" + ids[v] if v in ids else "orphan"
@@ -594,7 +707,15 @@ class Driver:
                 if ids is None:
                     out.append((name, c))
                 elif rid in ids:
+                    c = _UPLOADS.sub(lambda m: ids.get(m.group(), "orphan"), c)
                     out.append(("req:" + ids[rid], _TIMES.sub("T", c)))
+            elif name == KEYS.ckpt:  # name -> its JSON, without the clock reading
+                out.append(
+                    (name, tuple((k, _AT_MS.sub("", v)) for k, v in sorted(_pairs(c).items())))
+                )
+            elif name == KEYS.outputs:
+                entries = sorted((k, _output_entry(v, ids)) for k, v in _pairs(c).items())
+                out.append((name, tuple(entries)))
             elif kind == "hash":
                 out.append((name, fields(_pairs(c))))
             elif kind == "stream":
@@ -611,6 +732,7 @@ class Driver:
     def advance(self) -> None:
         """Time passes beyond every timer set so far (see the module doc): stored dispatch
         deadlines into the past, every future queue score and hint due."""
+        self.wire.touch()
         t = now_ms()
         for s in self.steps:
             d = self.r.hget(KEYS.effect(s), "deadline")
@@ -673,14 +795,15 @@ class Driver:
             return done, fx
         if isinstance(v, InProgress):
             return self._finish(w, local, f"admit{resend}: 409 effect_in_progress", retry=True)
-        assert isinstance(v, UnknownVerdict)
+        assert isinstance(v, Unresolved)
         return self._finish(w, local, f"admit{resend}: 409 outcome_unknown")
 
     async def worker_give_up(
         self, w: WorkerSpec, local: WorkerLocal
     ) -> tuple[WorkerLocal, Effects]:
         """_admit past its grace: async -> 503 "may have been queued"; sync -> void the admit
-        (Store.void; if Redis does not answer, the process retries it later: retry_voids)."""
+        (Store.void; if Redis does not answer, the process retries it later:
+        Dispatcher.retry_voids)."""
         if w.mode == "async":
             return self._finish(w, replace(local, did=""), "503 (the call may have been queued)")
         try:
@@ -753,10 +876,10 @@ class Driver:
             fx.acks.append(("fx", w.step, state))
         return done, fx
 
-    # -- relay: EffectService.relay_forever / _claim / _relay_one ----------------------
+    # -- relay: Relay.run / _claim / _relay_one -----------------------------------
 
     async def relay_sweep(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        """relay_forever -> Store.sweep, on the one slot a model job lives in: hint every due
+        """Relay.run -> Store.sweep, on the one slot a model job lives in: hint every due
         entry of the slot's queue (the same calls Store.sweep makes for that slot)."""
         rows = await self.aclient.zrangebyscore(
             KEYS.relayq, "-inf", now_ms(), start=0, num=100, withscores=True
@@ -768,7 +891,7 @@ class Driver:
         return replace(local, sweep=False), Effects(f"sweep: {found}")
 
     async def relay_poll(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        """relay_forever: relay_due(now, per_tenant)."""
+        """Relay.run: relay_due(now, per_tenant)."""
         try:
             due = await self.store.relay_due(now_ms(), RELAY_PER_TENANT)
         except StoreUnavailable:
@@ -819,7 +942,7 @@ class Driver:
         return claimed, Effects(f"relay_claim {step}{again}: claimed gen={c.generation} {pj}")
 
     async def relay_void(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        """_claim gave up: Store.void (if Redis does not answer: retry_voids, later)."""
+        """_claim gave up: Store.void (if Redis does not answer: Dispatcher.retry_voids, later)."""
         try:
             what = await self.store.void(KEYS, local.step, local.did)
         except StoreUnavailable:
@@ -827,7 +950,8 @@ class Driver:
         return self.relay_next(local), Effects(f"void: {what}")
 
     async def relay_record(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        """_relay_one -> _spawn -> _dispatch -> _record; released -> hinted again later."""
+        """_relay_one -> Dispatcher.spawn -> _dispatch -> _record; released -> hinted again
+        later."""
         rid = local.rid or self.new_id()
         held, state = await self.record(local.step, local.did, rid, local.outcome)
         if held is None:
@@ -837,7 +961,7 @@ class Driver:
                 )
             return replace(local, pc="unhint", did="", rid=""), Effects("record gave up")
         lost = "" if held else " (lost the step)"
-        if state == "released":  # AdapterUnavailable: relay_hint(now + _RELAY_RETRY_MS)
+        if state == "released":  # AdapterUnavailable: relay_hint(now + RELAY_RETRY_MS)
             return replace(local, pc="hint", did="", rid="", due=now_ms() + RELAY_RETRY_MS), (
                 Effects(f"record {state}{lost}")
             )
@@ -851,6 +975,130 @@ class Driver:
         await self.store.relay_hint(KEYS, local.step, local.due)
         later = "later" if local.due > now_ms() else "now"
         return self.relay_next(local), Effects(f"relay_hint {local.step} ({later})")
+
+    # -- job worker: checkpoints, outputs, completion (CompletionService, OutputService) --
+
+    async def job_step(self, w: JobWorkerSpec, local: JobLocal) -> tuple[JobLocal, Effects]:
+        """The job worker's next call: its follow-up after a timeout, else its program's."""
+        if local.follow == "abandon":
+            return await self.job_abandon(w, local)
+        step = w.program[local.at]
+        if step == "heartbeat":
+            return await self.job_heartbeat(w, local)
+        if step == "checkpoint":
+            return await self.job_checkpoint(w, local)
+        if step == "stage":
+            return await self.job_stage(w, local)
+        if step == "record":
+            return await self.job_record(w, local)
+        return await self.job_complete(w, local)
+
+    @staticmethod
+    def _next(local: JobLocal, **kw: Any) -> JobLocal:
+        return replace(local, at=local.at + 1, follow="", **kw)
+
+    @staticmethod
+    def _stop(local: JobLocal, text: str, rejected: str = "") -> tuple[JobLocal, Effects]:
+        done = replace(local, stopped=True, follow="", upload="", rid="")
+        return done, Effects(text, rejections_seen=[rejected] if rejected else [])
+
+    async def job_heartbeat(self, w: JobWorkerSpec, local: JobLocal) -> tuple[JobLocal, Effects]:
+        """handlers: POST .../heartbeat -> Store.heartbeat (a 409 tells the worker to stop)."""
+        try:
+            fence, _ = await self.store.heartbeat(KEYS, w.gen, w.name)
+        except Rejection as exc:
+            return self._stop(local, f"heartbeat: 409 {exc.code}", exc.code)
+        except StoreUnavailable:
+            return self._next(local), Effects("heartbeat: 503")
+        return self._next(local), Effects(f"heartbeat: fence {fence}")
+
+    async def job_checkpoint(self, w: JobWorkerSpec, local: JobLocal) -> tuple[JobLocal, Effects]:
+        """CompletionService.checkpoint -> JobState.checkpoint (checkpoint-3), no quota; a 503
+        (it may have been written) and the worker goes on."""
+        try:
+            await self.jobstates[id(self.store)].checkpoint(
+                KEYS, "c", json.dumps({"by": w.gen}), generation=w.gen, worker_id=w.name
+            )
+        except Rejection as exc:
+            return self._stop(local, f"checkpoint: 409 {exc.code}", exc.code)
+        except StoreUnavailable:
+            return self._next(local), Effects("checkpoint: 503")
+        return self._next(local), Effects("checkpoint: written")
+
+    async def job_stage(self, w: JobWorkerSpec, local: JobLocal) -> tuple[JobLocal, Effects]:
+        """OutputService.put -> _stage (output-stage-3); no reply: _abandon_soon."""
+        upload = self.new_upload()
+        try:
+            reply = await self.store.output_stage(
+                KEYS, generation=w.gen, name=OUTPUT, object_key=f"t/j/g{w.gen}/{OUTPUT}",
+                upload=upload, upload_ms=UPLOAD_MS, presigned=False, worker_id=w.name,
+                content_type="text/plain", by="", unaudited="",
+            )  # fmt: skip
+        except StoreUnavailable:
+            return replace(local, follow="abandon", upload=upload), Effects("stage: no reply")
+        code = int(reply[0])
+        if code == OutputStageReply.REJECTED:
+            return self._stop(local, f"stage: 409 {reply[1]}", str(reply[1]))
+        if code == OutputStageReply.IN_PROGRESS:
+            return self._stop(local, "stage: 409 output_in_progress")
+        return self._next(local, upload=upload), Effects("stage: staged")
+
+    async def job_record(self, w: JobWorkerSpec, local: JobLocal) -> tuple[JobLocal, Effects]:
+        """OutputService._put, the bytes written: record_upload (output-record-3); no reply:
+        _abandon_soon (a no-op if the record ran)."""
+        try:
+            reply = await self.store.output_record(
+                KEYS, generation=w.gen, name=OUTPUT, upload=local.upload, size=5,
+                sha256=w.sha256, content_type="text/plain", etag="e", worker_id=w.name,
+                abandon=False,
+            )  # fmt: skip
+        except StoreUnavailable:
+            return replace(local, follow="abandon"), Effects("record: no reply")
+        code = int(reply[0])
+        if code == OutputRecordReply.REJECTED:
+            return self._stop(local, f"record: 409 {reply[1]}", str(reply[1]))
+        if code == OutputRecordReply.LOST:
+            return self._stop(local, "record: 409 output_in_progress (replaced)")
+        return self._next(local, upload="", recorded=True), Effects("record: recorded")
+
+    async def job_abandon(self, w: JobWorkerSpec, local: JobLocal) -> tuple[JobLocal, Effects]:
+        """_abandon_soon: the upload's claim ends (the request had its 503); if Redis does not
+        answer, it is tried again later."""
+        try:
+            reply = await self.store.output_record(
+                KEYS, generation=w.gen, name=OUTPUT, upload=local.upload,
+                size=0, sha256="", content_type="", etag="", worker_id="", abandon=True,
+            )  # fmt: skip
+        except StoreUnavailable:
+            return local, Effects("abandon: no reply (tried again later)")
+        what = "claim ended" if int(reply[0]) == 0 else "nothing to end"
+        return self._stop(local, f"abandon: {what}; 503 store_unavailable")
+
+    async def job_complete(self, w: JobWorkerSpec, local: JobLocal) -> tuple[JobLocal, Effects]:
+        """CompletionService.complete -> JobState.complete (complete-3) with one request id;
+        no reply: sent once more with it (follow "resend"), then 503."""
+        rid = local.rid or self.new_id()
+        again = " (sent again)" if local.follow == "resend" else ""
+        outputs = [OUTPUT] if local.recorded else []
+        sha = hashlib.sha256(json.dumps([outputs, w.gen]).encode()).hexdigest()
+        try:
+            c = await self.jobstates[id(self.store)].complete(
+                KEYS, generation=w.gen, result_json=json.dumps({"by": w.gen}), outputs=outputs,
+                body_sha=sha, worker_id=w.name, request_id=rid,
+            )  # fmt: skip
+        except Rejection as exc:
+            return self._stop(local, f"complete{again}: 409 {exc.code}", exc.code)
+        except OutputNotStaged:
+            return self._stop(local, f"complete{again}: 409 output_not_staged")
+        except StoreUnavailable:
+            if again:
+                return self._stop(local, f"complete{again}: 503")
+            return replace(local, follow="resend", rid=rid), Effects("complete: no reply")
+        replay = " (replayed)" if c.replayed else ""
+        done = replace(self._next(local), rid="")
+        fx = Effects(f"complete{again}: 200 completed{replay}",
+                     acks=[("completed", w.gen, tuple(outputs))])  # fmt: skip
+        return done, fx
 
     # -- scheduler and operator ----------------------------------------------------------
 
@@ -870,6 +1118,8 @@ class Driver:
             await self.store.cancel(KEYS)
         except StoreUnavailable:
             return "retry", Effects("cancel: 503")
+        except Rejection as exc:  # the job completed: its result stands (not audited)
+            return "next", Effects(f"cancel: 409 {exc.code}")
         return "next", Effects("cancel: 200", acks=[("cancelled",)])
 
     async def resolve(self, step: str, delivered: bool) -> Effects:
@@ -914,6 +1164,20 @@ for i = 1, #ARGV, 2 do redis.call('RESTORE', ARGV[i], 0, ARGV[i + 1]) end
 return 1
 """
 _TIMES = re.compile(r"\d{13}(-\d+)?")  # ms clock readings and stream ids in a remembered reply
+_AT_MS = re.compile(r'"at_ms":\d+,?')  # a checkpoint's or a completion's clock reading
+_UPLOADS = re.compile(r"u-\d+")  # upload ids (Driver.new_upload)
+
+
+def _output_entry(text: str, ids: dict[str, str] | None) -> tuple[tuple[str, Any], ...]:
+    """An output entry (output-stage-3 / output-record-3), canonical: clock readings dropped,
+    the deadline live/past/0, the upload id named by its holder."""
+    e = json.loads(text)
+    e.pop("staged_ms", None)
+    e.pop("recorded_ms", None)
+    e["deadline"] = deadline_class(str(e.get("deadline", 0)))
+    if ids is not None:
+        e["upload"] = ids.get(e.get("upload", ""), "orphan")
+    return tuple(sorted(e.items()))
 
 
 def _zset(flat: list[str]) -> list[tuple[str, float]]:
@@ -930,7 +1194,7 @@ def deadline_class(v: str) -> str:
 
 
 async def _refuse_only(slot: int, counter: int, seen: int) -> None:
-    """StoreBase.went_back as 4a7c224 had it: the call is refused (503), Redis not quarantined."""
+    """RedisLink.went_back as 4a7c224 had it: the call is refused (503), Redis not quarantined."""
 
 
 def counter_of(raw: dict[str, Any]) -> int | None:
@@ -945,6 +1209,26 @@ def witness_of(raw: dict[str, Any], data_dir: int) -> int:
         if name.startswith("fg:witness:") and name.endswith(f":dir{data_dir + 1}"):
             return int(c)
     return 0
+
+
+class _Touching:
+    """The store's async client: any command through it first puts the explorer's snapshot
+    back (:meth:`Wire.touch`) and makes the wire's cached read stale."""
+
+    def __init__(self, client: aioredis.Redis, wire: Wire) -> None:
+        self._client = client
+        self._wire = wire
+
+    def __getattr__(self, name: str) -> Any:
+        self._wire.touch(writes=name not in _READS_ONLY)
+        return getattr(self._client, name)
+
+
+# the store's commands that change nothing in Redis (the wire's read stays valid)
+_READS_ONLY = frozenset(
+    {"xrange", "xrevrange", "smembers", "zrangebyscore", "zrange", "zscore", "get", "hget",
+     "hgetall", "hmget", "exists", "time", "script_load", "connection_pool"}
+)  # fmt: skip
 
 
 Step = Callable[[], Awaitable[tuple[Any, Effects]]]

@@ -25,7 +25,7 @@ import hashlib
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,6 +38,8 @@ from tests.model.driver import (
     MARKS,
     Driver,
     Effects,
+    JobLocal,
+    JobWorkerSpec,
     RelayLocal,
     Send,
     WorkerLocal,
@@ -67,12 +69,15 @@ class Scenario:
     advances: int = 2  # budget of "time passes beyond every timer"
     dedupes: bool = False  # the downstream deduplicates by key (the adapter can resolve)
     hole: str = ""  # what this scenario is about (README)
-    # Two gateway processes (issue 21): the actors named here run on P2, every other on P1.
+    # Two gateway processes: the actors named here run on P2, every other on P1.
     on_p2: tuple[str, ...] = ()
     marks: str = "shared"  # the processes' slot marks (tests.model.driver.MARKS)
     restores: int = 0  # budget of "Redis goes back to the backup"
     backup: str = "initial"  # the backup: the initial state, or "any" state of the path
-    witness: bool = False  # each data dir's witness tick (StoreBase.witness) is an action
+    witness: bool = False  # each data dir's witness tick (RedisLink.witness) is an action
+    # Workers on the job's own state: checkpoints, an output, the completion (after the
+    # effect workers, before the relays, in the actors' order)
+    jobs: tuple[JobWorkerSpec, ...] = ()
     # Violations this scenario shows on purpose (a documented window): (invariant, a part of
     # the signature, required). Not counted as failures; a required one that is no longer
     # found is (the docs describe it).
@@ -179,12 +184,13 @@ class Explorer:
     def __init__(self, scn: Scenario, driver: Driver) -> None:
         self.scn = scn
         self.d = driver
-        # actors: workers, relays, scheduler, canceller, operator
-        self.names: list[str] = [x.name for x in scn.workers]
+        # actors: workers, job workers, relays, scheduler, canceller, operator
+        self.names: list[str] = [x.name for x in scn.workers] + [x.name for x in scn.jobs]
         self.names += [f"relay{i + 1}" if scn.relays > 1 else "relay" for i in range(scn.relays)]
         self.names += ["scheduler", "canceller", "operator"]
         self.n_workers = len(scn.workers)
-        self.sched = self.n_workers + scn.relays
+        self.n_jobs = self.n_workers + len(scn.jobs)  # the job workers' indices end here
+        self.sched = self.n_jobs + scn.relays
         self.proc = [1 if n in scn.on_p2 else 0 for n in self.names]  # actor -> process
         unknown = set(scn.on_p2) - set(self.names)
         if unknown:
@@ -196,6 +202,7 @@ class Explorer:
 
     def initial(self, dumps: dict[str, str], raw: dict[str, Any]) -> World:
         locals_: list[Any] = [WorkerLocal() for _ in self.scn.workers]
+        locals_ += [JobLocal() for _ in self.scn.jobs]
         locals_ += [RelayLocal() for _ in range(self.scn.relays)]
         locals_ += [2, not self.scn.cancel, self.scn.resolves]
         initial_backup = self.scn.restores and self.scn.backup == "initial"
@@ -218,7 +225,7 @@ class Explorer:
         """Dispatch and request ids an actor holds -> its name."""
         out = {}
         for i, loc in enumerate(world.locals):
-            for attr in ("did", "rid"):
+            for attr in ("did", "rid", "upload"):
                 if x := getattr(loc, attr, ""):
                     out[x] = f"{self.names[i]}.{attr}"
         return out
@@ -231,6 +238,10 @@ class Explorer:
         for loc in world.locals:
             if isinstance(loc, WorkerLocal):
                 loc = replace(loc, did="mine" if loc.did else "", rid="mine" if loc.rid else "")
+            elif isinstance(loc, JobLocal):
+                loc = replace(
+                    loc, upload="mine" if loc.upload else "", rid="mine" if loc.rid else ""
+                )
             elif isinstance(loc, RelayLocal):
                 due = 0 if not loc.due else (1 if loc.due <= t else 2)  # -, due, later
                 loc = replace(loc, did="mine" if loc.did else "", rid="mine" if loc.rid else "",
@@ -327,6 +338,15 @@ class Explorer:
                 elif pc == "hint":
                     out.append(Move(i, "hint"))
                 if pc not in ("start", "done", "crashed") and world.crashes:
+                    out.append(Move(i, "crash"))
+            elif i < self.n_jobs:
+                job = scn.jobs[i - self.n_workers]
+                if loc.stopped or loc.at == len(job.program):
+                    continue
+                if loc.at == 0 and not loc.follow and ("fence", job.gen) not in world.acks:
+                    continue  # the worker has its token from an acknowledged register
+                script.append(Move(i, "job"))
+                if world.crashes and (loc.at or loc.follow):
                     out.append(Move(i, "crash"))
             elif i < self.sched:
                 pc = loc.pc
@@ -436,6 +456,9 @@ class Explorer:
             if isinstance(loc, RelayLocal):
                 locals_[m.actor] = RelayLocal()  # a new gateway process: it sweeps first
                 fx = Effects("gateway crashes (its relay restarts)")
+            elif isinstance(loc, JobLocal):
+                locals_[m.actor] = JobLocal(stopped=True)
+                fx = Effects("gateway crashes")
             else:
                 locals_[m.actor] = replace(loc, pc="crashed", did="", rid="")
                 fx = Effects("gateway crashes")
@@ -454,6 +477,9 @@ class Explorer:
                 loc, fx = await d.worker_hint(spec, loc)
             else:
                 loc, fx = await d.worker_record(spec, loc)
+            locals_[m.actor] = loc
+        elif m.actor < self.n_jobs:
+            loc, fx = await d.job_step(self.scn.jobs[m.actor - self.n_workers], loc)
             locals_[m.actor] = loc
         elif m.actor < self.sched:
             name = self.names[m.actor]
@@ -487,7 +513,7 @@ class Explorer:
             locals_[m.actor] = loc - 1
         # one audited request counts once: re-sent (lost reply, or sent again after a
         # timeout with the same request id) it must not write a second entry
-        audited = {rid for s, rid, r in d.wire.replies if writes_audit(s, r)} - world.audited
+        audited = {rid for s, rid, r, _ in d.wire.replies if writes_audit(s, r)} - world.audited
         world = replace(
             world,
             locals=tuple(locals_),
@@ -501,7 +527,7 @@ class Explorer:
         return world, fx
 
     async def environment(self, world: World, m: Move) -> tuple[World, Effects]:
-        """The backup, the restore, a witness tick (issue 21)."""
+        """The backup, the restore, a witness tick."""
         d = self.d
         if m.kind == "backup":
             raw, dumps = d.read()
@@ -551,8 +577,11 @@ class Explorer:
     # -- the search ---------------------------------------------------------------------
 
     async def run(
-        self, *, restore: str = "snapshot", max_states: int | None = None, keep_going: bool = False
-    ) -> Report:
+        self, *, restore: str = "snapshot", max_states: int | None = None, keep_going: bool = False,
+        stop_when: Callable[[Report], bool] | None = None,
+    ) -> Report:  # fmt: skip
+        """Breadth first over every interleaving; ``stop_when``: end the search as soon as it
+        holds of the report (a mutation test's violation found: nothing else is asked)."""
         rep = Report(self.scn.name, expect=self.scn.expect)
         t0 = time.perf_counter()
         d = self.d
@@ -584,14 +613,17 @@ class Explorer:
                         for mid in path:
                             base, _ = await self.apply(base, Move(*mid))
                     w2, fx = await self.apply(base, m)
-                    # a send or a crash does not touch Redis: the next move needs no restore
-                    in_redis = key if m.kind in ("send", "crash", "backup") else None
                     rep.transitions += 1
-                    raw2, snap = d.read()
+                    # Redis after the step: the parent's when the move does not touch it
+                    quiet = m.kind in ("send", "crash", "backup")
+                    raw2, snap = (raw, dumps) if quiet else d.read()
+                    # a send or a crash does not touch Redis, nor does a step that wrote
+                    # nothing (DUMPs equal): the next move from this state needs no restore
+                    in_redis = key if quiet or snap == dumps else None
                     ctx = inv.Ctx(d, fx.sends, w2.sends, w2.acks, w2.audit_expected, raw2,
                                   list(d.wire.resends), self.payloads,
                                   self.scn.dedupes, w2.restored, w2.lost,
-                                  w2.lost_acks)  # fmt: skip
+                                  w2.lost_acks, raw, list(d.wire.replies))  # fmt: skip
                     checks = dict(inv.ON_STEP)
                     moves2 = self.moves(w2, raw2)
                     if not any(x.actor >= 0 for x in moves2):
@@ -618,6 +650,9 @@ class Explorer:
                     nxt.append((k2, snap, w2, raw2, (*path, m.mid)))
                 if max_states and len(seen) >= max_states:
                     rep.truncated = True
+                    nxt = []
+                    break
+                if stop_when is not None and stop_when(rep):
                     nxt = []
                     break
             frontier = nxt
@@ -685,6 +720,47 @@ DEFAULT = (
         cancel=True,
         outcomes=("ok", "refused"),
         advances=1,
+    ),
+)
+
+# Workers on the job's own state (issue 23): J, generation 1, and K, generation 2 after the
+# takeover, each checkpoints, stages and records its output, and completes naming it.
+J1 = JobWorkerSpec("J", 1)
+K2 = JobWorkerSpec("K", 2)
+J1_HEARTBEAT = JobWorkerSpec("J", 1, ("heartbeat", "checkpoint", "stage", "record", "complete"))
+JOBS = (
+    Scenario("job-takeover", (), jobs=(J1_HEARTBEAT, K2), relays=0, outcomes=("ok",), advances=0),
+    Scenario("job-wire", (), jobs=(J1, K2), relays=0, outcomes=("ok",), advances=0, faults=1),
+)
+JOBS_LARGE = (
+    Scenario(
+        "job-wire-crash",
+        (),
+        jobs=(J1_HEARTBEAT, K2),
+        relays=0,
+        outcomes=("ok",),
+        advances=0,
+        faults=1,
+        crashes=1,
+    ),
+    Scenario(
+        "job-3-gens",
+        (),
+        jobs=(J1, K2, JobWorkerSpec("L", 3)),
+        gens=3,
+        relays=0,
+        outcomes=("ok",),
+        advances=0,
+        faults=1,
+    ),
+    # an effect worker and a job worker of the next generation, a cancel between
+    Scenario(
+        "job-and-effect",
+        (A1,),
+        jobs=(JobWorkerSpec("K", 2, ("stage", "record", "complete")),),
+        outcomes=("ok", "refused"),
+        advances=1,
+        cancel=True,
     ),
 )
 
@@ -779,7 +855,7 @@ LARGE = (
     ),
 )
 
-# Two gateway processes and a restore (issue 21): A, generation 1, on P2; B, generation 2,
+# Two gateway processes and a restore: A, generation 1, on P2; B, generation 2,
 # and the scheduler on P1. The backup is any state of the path; Redis goes back to it once.
 # The witness's window (docs/reliability.md): a process that never saw the lost writes admits
 # before the first tick that can detect the restore; what follows from that admit (a second
@@ -853,7 +929,8 @@ RESTORE_LARGE = (
 
 BOUNDS: dict[str, tuple[Scenario, ...]] = {
     "default": DEFAULT,
-    "large": (*LARGE, *RESTORE_LARGE),
+    "jobs": JOBS,
+    "large": (*LARGE, *RESTORE_LARGE, *JOBS, *JOBS_LARGE),
     "holes": HOLES,
     "restore": RESTORE,
 }
@@ -891,6 +968,7 @@ async def explore_async(
     keep_going: bool = False,
     mutate: Sequence[tuple[str, str, str]] = (),
     out: Any = None,
+    stop_when: Callable[[Report], bool] | None = None,
 ) -> list[Report]:
     reports = []
     for scn in scenarios:
@@ -902,7 +980,7 @@ async def explore_async(
                 d.mutate(script, old, new)
             await d.store.load_scripts()
             rep = await Explorer(scn, d).run(
-                restore=restore, max_states=max_states, keep_going=keep_going
+                restore=restore, max_states=max_states, keep_going=keep_going, stop_when=stop_when
             )
         finally:
             await d.aclose()

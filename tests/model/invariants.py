@@ -1,4 +1,4 @@
-"""The invariants the explorer checks after every step (docs/contract.md#invariants and issue 12).
+"""The invariants the explorer checks after every step (docs/contract.md#invariants).
 
 Each check is a named function of one transition: it returns ``None``, or a
 message saying what broke and a short signature of the kind of breakage (the
@@ -11,9 +11,10 @@ actor can move any more (time aside).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tests.model.driver import Driver, Resend, Send, verdict
@@ -32,9 +33,12 @@ class Ctx:
     resends: list[Resend]
     payloads: dict[tuple[int, str], frozenset[str]]  # (gen, step) -> the payloads of its calls
     dedupes: bool
-    restored: bool = False  # Redis went back to a backup (issue 21)
+    restored: bool = False  # Redis went back to a backup
     lost: bool = False  # ... and the restore lost writes
     lost_acks: frozenset[tuple[Any, ...]] = frozenset()  # acknowledged, gone with the restore
+    before: dict[str, Any] | None = None  # Redis before the step (Driver.raw_state)
+    # the step's scripts: (script, request id, reply, ARGV without the trailer)
+    replies: list[tuple[str, str, list[Any], Any]] = field(default_factory=list)
 
 
 def i_stale(c: Ctx) -> str | None:
@@ -133,6 +137,8 @@ def ack_holds(ack: tuple[Any, ...], raw: dict[str, Any]) -> bool:
         return int(job.get("fence") or 0) >= int(ack[1])
     if ack[0] == "cancelled":
         return bool(job.get("cancelled") == "1")
+    if ack[0] == "completed":
+        return bool(_completion(job).get("generation") == ack[1])
     return True
 
 
@@ -152,6 +158,10 @@ def i_durable(c: Ctx) -> str | None:
             return f"register({ack[1]}) was acknowledged; the fence is now {fence}"
         elif ack[0] == "cancelled" and job.get("cancelled") != "1":
             return "cancel was acknowledged; the job is no longer cancelled"
+        elif ack[0] == "completed" and _completion(job).get("generation") != ack[1]:
+            return f"a completion by generation {ack[1]} was acknowledged; the job says {job}", (
+                "completion answered, now another"
+            )
     return None
 
 
@@ -180,7 +190,7 @@ def i_audit(c: Ctx) -> str | None:
 
 def i_index(c: Ctx) -> str | None:
     """The slot's "needs a decision" index holds exactly the steps whose outcome is unknown
-    or that are dispatching, a dispatching one scored by its deadline (issue 17: every
+    or that are dispatching, a dispatching one scored by its deadline (every
     script that changes a step's state keeps it, atomically, on every path)."""
     indexed = {_queue_step(m): sc for m, sc in c.raw["needs"]}
     for step, h in c.raw["fx"].items():
@@ -197,7 +207,7 @@ def i_index(c: Ctx) -> str | None:
 
 def i_resend(c: Ctx) -> str | None:
     """A script re-sent after its reply was lost returns the same verdict and changes
-    nothing more (issue 12: one request id per call, the remembered reply)."""
+    nothing more (one request id per call, the remembered reply)."""
     for r in c.resends:
         first, second = verdict(r.script, r.first), verdict(r.script, r.second)
         if first != second:
@@ -244,9 +254,128 @@ def i_live(c: Ctx) -> str | None:
     return None
 
 
-def _queue_step(member: str) -> str:
-    import json
+# -- the job's own state: checkpoints, outputs, the completion --------------------------
 
+
+def _completion(job: dict[str, str]) -> dict[str, Any]:
+    raw = job.get("completed")
+    return json.loads(raw) if raw else {}
+
+
+def _landed(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, int]]:
+    """The job-state writes of one step: (what, generation). A checkpoint written; an output
+    staged (a new upload) or recorded; the completion. An abandon (a claim ended: the
+    deadline only) is not a write of the generation's work."""
+    out = []
+    for name, v in after["ckpt"].items():
+        if before["ckpt"].get(name) != v:
+            out.append(("checkpoint", int(json.loads(v)["generation"])))
+    for f, v in after["outputs"].items():
+        e, p = json.loads(v), json.loads(before["outputs"].get(f) or "{}")
+        gen = int(f.split("/", 1)[0])
+        if e.get("upload") != p.get("upload"):
+            out.append(("output stage", gen))
+        elif e.get("state") == "recorded" and p.get("state") != "recorded":
+            out.append(("output record", gen))
+    c = _completion(after["job"])
+    if c and not before["job"].get("completed"):
+        out.append(("completion", int(c["generation"])))
+    return out
+
+
+def i_fenced_write(c: Ctx) -> str | None:
+    """No write of a generation below the fence lands (a checkpoint, an output's stage or
+    record, the completion): each is written by the generation that is the fence right after
+    it, on a job not cancelled, and none after the job completed."""
+    if c.before is None:
+        return None
+    job = c.raw["job"]
+    fence = int(job.get("fence") or 0)
+    for what, gen in _landed(c.before, c.raw):
+        if gen < fence:
+            return f"{what} of generation {gen} written under the fence {fence}", (
+                f"below the fence: {what}"
+            )
+        if job.get("cancelled") == "1":
+            msg = f"{what} of generation {gen} written on a cancelled job"
+            return msg, f"cancelled: {what}"
+        if what != "completion" and c.before["job"].get("completed"):
+            msg = f"{what} of generation {gen} written after the job completed"
+            return msg, f"after the completion: {what}"
+    return None
+
+
+def i_complete(c: Ctx) -> str | None:
+    """A completion is written once, by the current generation, and names only outputs of
+    that generation, each as that generation recorded it (key and sha256)."""
+    now = c.raw["job"].get("completed")
+    was = c.before["job"].get("completed") if c.before is not None else None
+    if was and now != was:
+        return f"the completion changed: {was} -> {now}", "rewritten"
+    if not now:
+        return None
+    done = json.loads(now)
+    gen = int(done["generation"])
+    fence = int(c.raw["job"].get("fence") or 0)
+    if gen != fence:
+        return f"the job completed by generation {gen} has the fence {fence}", "not the fence"
+    for name, o in done["outputs"].items():
+        rec = json.loads(c.raw["outputs"].get(f"{gen}/{name}") or "{}")
+        if int(o["generation"]) != gen:
+            msg = f"the completion by {gen} names output {name} of generation {o['generation']}"
+            return msg, "another generation's output"
+        if rec.get("state") != "recorded" or (rec["key"], rec["sha256"]) != (o["key"], o["sha256"]):
+            return f"the completion names {name} as {o}; generation {gen} recorded {rec}", (
+                "an output not recorded so"
+            )
+    return None
+
+
+PRESENTED_AT = {"reject-2": 1}  # the generation's ARGV index (0: ARGV[1], as most scripts)
+
+
+def i_stale_audited(c: Ctx) -> str | None:
+    """A stale call is refused and audited with both generations: the entry its reply names
+    holds the generation presented and the fence that refused it (presented < current)."""
+    entries = dict(c.raw["audit"])
+    for script, _, reply, args in c.replies:
+        if int(reply[0]) != 9 or reply[1] != "stale_generation":
+            continue
+        presented, current, audit_id = reply[2], reply[3], reply[4]
+        sent = args[PRESENTED_AT.get(script, 0)]  # the generation the call presented
+        if presented != sent:
+            msg = f"{script} refused generation {sent} as if {presented} was presented"
+            return msg, f"{script}: another generation presented"
+        entry = entries.get(audit_id)
+        if entry is None:
+            return f"{script} refused stale_generation; no audit entry {audit_id}", (
+                f"{script}: not audited"
+            )
+        if (entry.get("presented"), entry.get("current")) != (presented, current) or not (
+            int(presented) < int(current)
+        ):
+            return (
+                f"{script} refused generation {presented} under {current}; its audit entry says "
+                f"{entry.get('presented')} / {entry.get('current')}"
+            ), f"{script}: audited without both generations"
+    return None
+
+
+# the calls that answer "you are current" ({0, fence, ...}) without writing a decision
+ANSWERS_CURRENT = ("heartbeat-2", "check-2")
+
+
+def i_current(c: Ctx) -> str | None:
+    """A heartbeat or check answers "current" only to the fence's generation (a worker told
+    it is current goes on working)."""
+    for script, _, reply, args in c.replies:
+        if script in ANSWERS_CURRENT and int(reply[0]) == 0 and reply[1] != args[0]:
+            msg = f"{script} answered generation {args[0]} as current under the fence {reply[1]}"
+            return msg, f"{script}: not the fence's generation"
+    return None
+
+
+def _queue_step(member: str) -> str:
     return str(json.loads(member)[2])
 
 
@@ -271,5 +400,9 @@ ON_STEP: dict[str, Check] = {
     "I-audit": i_audit,
     "I-index": i_index,
     "I-resend": i_resend,
+    "I-fenced-write": i_fenced_write,
+    "I-complete": i_complete,
+    "I-stale-audited": i_stale_audited,
+    "I-current": i_current,
 }
 AT_QUIESCENCE: dict[str, Check] = {"I-live": i_live}

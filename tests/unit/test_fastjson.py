@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core import fastjson
@@ -93,3 +93,21 @@ def test_zero_and_representable_extremes_are_kept(raw: bytes) -> None:
 def test_an_integer_longer_than_python_converts_is_refused_not_an_error() -> None:
     with pytest.raises(fastjson.Unrepresentable, match="has more than"):
         fastjson.loads_exact(b'{"n": ' + b"7" * 5000 + b"}")
+
+
+# pieces of numbers and what stands between them, so exponents and long digit runs are common
+PIECES = ["e", "E", "+", "-", ".", "1", "07", "999", "12345678", '"', "x", "é", "\U0001f600"]
+near_numbers = st.lists(st.sampled_from(PIECES), max_size=16).map("".join)
+
+
+@settings(max_examples=1000)
+@given(near_numbers | st.text(max_size=30))
+def test_the_fast_path_is_taken_exactly_where_no_number_can_be_changed(text: str) -> None:
+    """The check without a regular expression answers what the pattern does, for text and
+    its UTF-8 bytes."""
+    import re
+
+    expected = re.search(fastjson.SUSPECT.decode(), text) is None
+    assert fastjson._fast(text) is expected
+    assert fastjson._fast(text.encode("utf-8", "surrogatepass")) is expected
+    assert fastjson._fast(memoryview(text.encode("utf-8", "surrogatepass"))) is expected

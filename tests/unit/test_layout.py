@@ -1,12 +1,16 @@
 """The layout of gateway/ stays readable: modules a reader can hold in mind, layers that only
-import downwards (the import-linter contracts in pyproject.toml, run by `make lint`), and an SDK
-that does not drag the server in."""
+import downwards (the import-linter contracts in pyproject.toml, run by `make lint`), modules that
+meet at public seams (nobody uses another module's private names), and an SDK that does not drag
+the server in."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 # A soft guideline, not a cut: a module owns one concept and may need the room; past this
@@ -27,6 +31,19 @@ def test_no_module_passes_the_size_bound() -> None:
     assert long == {}, f"split these modules (or list them in EXCEPTIONS with a reason): {long}"
 
 
+def test_the_formatters_layout_holds_everywhere() -> None:
+    """No ``# fmt: skip`` in gateway/ or adapters/: with no line cap to fit, a statement
+    keeps the layout ``ruff format`` gives it."""
+    sources = sorted((ROOT / "gateway").rglob("*.py")) + sorted((ROOT / "adapters").rglob("*.py"))
+    skipped = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in sources
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "fmt: " + "skip" in line or "fmt: " + "off" in line
+    ]
+    assert skipped == []
+
+
 def test_every_layer_is_a_package_named_for_what_it_holds() -> None:
     layers = {p.name for p in (ROOT / "gateway").iterdir() if (p / "__init__.py").exists()}
     assert {"cli", "http", "fencing", "store", "objects", "runtime", "core", "client"} <= layers
@@ -40,7 +57,62 @@ def test_the_import_contracts_hold() -> None:
         [str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "0 broken" in run.stdout and "6 kept" in run.stdout
+    declared = len(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    )
+    assert "0 broken" in run.stdout and f"{declared} kept" in run.stdout  # every one checked
+
+
+def _redis_contract() -> dict[str, object]:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    return next(c for c in contracts if c.get("id") == "redis-in-store")
+
+
+def test_no_redis_outside_the_store_covers_every_package_but_the_store_and_the_cli() -> None:
+    contract = _redis_contract()
+    assert contract["type"] == "forbidden" and contract["forbidden_modules"] == ["redis"]
+    packages = {
+        f"gateway.{p.name}" for p in (ROOT / "gateway").iterdir() if (p / "__init__.py").exists()
+    }
+    sources = contract["source_modules"]
+    assert isinstance(sources, list)
+    assert set(sources) == packages - {"gateway.store", "gateway.cli"}
+
+
+def test_no_redis_outside_the_store_fails_on_a_planted_import(tmp_path: Path) -> None:
+    """A copy of the tree with one redis import planted above the store: the contract breaks
+    and names the module; the same copy without it keeps the contract."""
+    import shutil
+
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for tree in ("gateway", "adapters"):
+        shutil.copytree(ROOT / tree, tmp_path / tree, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    lint = [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"]
+    lint += ["--contract", "redis-in-store"]
+
+    def run() -> subprocess.CompletedProcess[str]:
+        # the copy comes first on the path: lint-imports must read it, not the installed tree
+        env = {"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(tmp_path)}
+        return subprocess.run(
+            lint, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    clean = run()
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    quotas = tmp_path / "gateway" / "fencing" / "quotas.py"
+    source = quotas.read_text(encoding="utf-8")
+    planted = source.replace(
+        "import structlog\n", "import structlog\nfrom redis.exceptions import RedisError\n", 1
+    )
+    assert planted != source
+    quotas.write_text(planted, encoding="utf-8")
+    broken = run()
+    assert broken.returncode != 0
+    assert "gateway.fencing.quotas -> redis" in broken.stdout, broken.stdout + broken.stderr
 
 
 def test_the_sdk_imports_without_the_servers_dependencies() -> None:
@@ -82,7 +154,7 @@ def test_public_import_paths_keep_working() -> None:
     scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
     assert scripts.get("fencegate") == "gateway.cli.main:main"
     # third-party adapters register here (exercised with a real dist-info in
-    # tests/integration/test_downstream_and_registry.py)
+    # tests/adapters/test_downstream_and_registry.py)
     assert registry.ENTRY_POINT_GROUP == "fencegate.adapters"
 
 
@@ -98,3 +170,206 @@ def test_each_scripts_name_says_how_many_keys_it_takes() -> None:
     for name in SCRIPT_NAMES:
         used = {int(k) for k in re.findall(r"KEYS\[(\d+)\]", (lua / f"{name}.lua").read_text())}
         assert used == set(range(1, int(name.rsplit("-", 1)[1]) + 1)), name
+
+
+# Attributes that start with an underscore and are public all the same: expression -> why.
+PUBLIC_UNDERSCORED: dict[str, str] = {
+    "os._exit": "the standard library's exit without finalisation (documented, public)",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_access(source: str) -> list[tuple[int, str, str]]:
+    """Every use in ``source`` of a private name that is not its own, as (line, name, code):
+    ``from m import _name``, and ``x._attr`` on anything but ``self`` or ``cls`` (another
+    module, another object, ``super()``). Dunders are public; so is :data:`PUBLIC_UNDERSCORED`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            found += [
+                (node.lineno, alias.name, f"from {node.module} import {alias.name}")
+                for alias in node.names
+                if _private(alias.name)
+            ]
+        elif isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            code = ast.unparse(node)
+            if code not in PUBLIC_UNDERSCORED:
+                found.append((node.lineno, node.attr, code))
+    return sorted(found)
+
+
+def test_the_private_access_check_finds_each_kind_of_use() -> None:
+    planted = (
+        "from gateway.store.scripts import _oom, lua_source\n"
+        "import os\n"
+        "class Reader:\n"
+        "    def __init__(self, store):\n"
+        "        self._store = store\n"
+        "    async def read(self, other):\n"
+        "        self._store.__class__\n"
+        "        await self._store._run('x')\n"
+        "        other._cache.clear()\n"
+        "        super()._read()\n"
+        "        return cls._count, os._exit\n"
+    )
+    assert private_access(planted) == [
+        (1, "_oom", "from gateway.store.scripts import _oom"),
+        (8, "_run", "self._store._run"),
+        (9, "_cache", "other._cache"),
+        (10, "_read", "super()._read"),
+    ]
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    sources = sorted((ROOT / "gateway").rglob("*.py"))
+    assert len(sources) > 40
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {code}"
+        for path in sources
+        for line, _, code in private_access(path.read_text(encoding="utf-8"))
+    ]
+    assert found == [], "use a public name (or give the owner a public seam):\n" + "\n".join(found)
+
+
+def _a_value_or_an_interface(base: type) -> bool:
+    """A base a class of another module may extend: a Protocol (an interface), an enum, an
+    exception, a dataclass (a value type): what it inherits is a shape, not behaviour."""
+    import dataclasses
+    import enum
+
+    from typing_extensions import is_protocol
+
+    return (
+        is_protocol(base)
+        or issubclass(base, enum.Enum | BaseException)
+        or dataclasses.is_dataclass(base)
+    )
+
+
+def inheritance_across_modules(source: str, module: str) -> list[str]:
+    """The classes of ``source`` (the module ``module``) that extend a class of another
+    ``gateway`` module which is not :func:`_a_value_or_an_interface`, as ``Class(Base) from
+    module``. Third-party bases (a redis client, ``RuntimeError``) are not looked at."""
+    import importlib
+
+    tree = ast.parse(source)
+    imported = {
+        alias.asname or alias.name: (node.module or "", alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gateway.")
+        for alias in node.names
+    }
+    found = []
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for base in cls.bases:
+            if not isinstance(base, ast.Name) or base.id not in imported:
+                continue
+            owner, name = imported[base.id]
+            if owner == module:
+                continue
+            value = getattr(importlib.import_module(owner), name)
+            if not (isinstance(value, type) and _a_value_or_an_interface(value)):
+                found.append(f"{cls.name}({base.id}) from {owner}")
+    return found
+
+
+def test_the_inheritance_check_finds_a_class_extending_another_modules_class() -> None:
+    planted = (
+        "from gateway.core.errors import StoreUnavailable\n"
+        "from gateway.core.records import AuditCheck\n"
+        "from gateway.store.budget import RejectionBudget\n"
+        "from gateway.store.replies import Reply\n"
+        "from gateway.store.link import RedisLink\n"
+        "class Refused(StoreUnavailable): ...\n"
+        "class Check(AuditCheck): ...\n"
+        "class Budget(RejectionBudget): ...\n"
+        "class Code(Reply): ...\n"
+        "class Reads(RedisLink): ...\n"
+    )
+    assert inheritance_across_modules(planted, "gateway.store.reads") == [
+        "Reads(RedisLink) from gateway.store.link"
+    ]
+    assert inheritance_across_modules(planted, "gateway.store.link") == []  # its own class
+
+
+def test_the_fencing_layer_and_the_store_compose_instead_of_inheriting_across_modules() -> None:
+    """No class of gateway/fencing or gateway/store extends a class of another gateway module
+    (Protocols, enums, exceptions and dataclasses excepted: interfaces and values, no
+    behaviour): collaborators are held, each owning its state -- the effect service's
+    dispatcher, relay and admission hook; the store's link to Redis, given to its decisions,
+    relay queue, reads and index. Within one module a class may extend another."""
+    sources = [
+        path
+        for package in ("fencing", "store")
+        for path in sorted((ROOT / "gateway" / package).glob("*.py"))
+    ]
+    assert len(sources) > 30
+    across = [
+        f"{path.relative_to(ROOT)}: {found}"
+        for path in sources
+        for found in inheritance_across_modules(
+            path.read_text(encoding="utf-8"),
+            ".".join(path.relative_to(ROOT).with_suffix("").parts),
+        )
+    ]
+    assert across == []
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """The groups of modules of ``package`` that import each other, directly or round a loop
+    (strongly connected components of its import graph: deferred and ``TYPE_CHECKING``
+    imports count; a package's ``__init__`` importing its own submodules does not)."""
+    import grimp
+
+    graph = grimp.build_graph(package, include_external_packages=False, cache_dir=None)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for other in graph.find_modules_directly_imported_by(module):
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            group = [stack.pop()]
+            while group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def test_no_modules_import_each_other() -> None:
+    assert import_cycles("gateway") == []
+
+
+def test_the_cycle_check_finds_a_planted_loop(tmp_path: Path, monkeypatch: Any) -> None:
+    pkg = tmp_path / "planted"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from planted import b\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from planted import c\n"
+    )
+    (pkg / "c.py").write_text("def f():\n    from planted import a\n")
+    (pkg / "d.py").write_text("from planted import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_cycles("planted") == [["planted.a", "planted.b", "planted.c"]]

@@ -2,17 +2,26 @@
   Prelude of every fencegate script. gateway.store loads each script as
 
       <this prelude>
+      <the includes the script names: --- @include "includes/<name>">
       return run_script(function() <the script's body> end)
+
+  Here: the trailer, now_ms(), fmt(), done() and run_script(). The audit chain
+  (includes/audit), the tenant feed copy (includes/feed), the "needs a decision" index
+  (includes/index), the audited rejection (includes/reject) and the fence guard
+  (includes/fence) are included by the scripts that use them.
 
   The store appends a trailer to every call, the same for all scripts; the prelude
   takes it off before the body runs, so a body sees only its own KEYS and ARGV:
 
     KEYS[#KEYS - 1]  request key    fg:{t/j}:req:<request id>  (the job's slot)
     KEYS[#KEYS]      slot marker    fg:marker:{<s>}            (the job's slot)
-    ARGV[#ARGV - 3]  request id (unique per call; the same when a call is re-sent)
-    ARGV[#ARGV - 2]  how long a reply is remembered for a re-send, ms
-    ARGV[#ARGV - 1]  the highest value of this slot's marker the gateway has seen
-    ARGV[#ARGV]      the audit chain key ('' for an unkeyed chain)
+    ARGV[#ARGV - 4]  request id (unique per call; the same when a call is re-sent)
+    ARGV[#ARGV - 3]  how long a reply is remembered for a re-send, ms
+    ARGV[#ARGV - 2]  the highest value of this slot's marker the gateway has seen
+    ARGV[#ARGV - 1]  the audit chain key ('' for an unkeyed chain)
+    ARGV[#ARGV]      the job's tenant feed fg:audit:<tenant>, where the script copies the
+                     audit entries the feed lists (includes/feed); '' on a Cluster, where the
+                     feed lives in another slot and the store copies them after the script
 
   Three guarantees, for every script:
 
@@ -41,6 +50,7 @@
 ]]
 redis.replicate_commands()
 
+local FEED = table.remove(ARGV)
 local AUDIT_KEY = table.remove(ARGV)
 local SEEN = tonumber(table.remove(ARGV)) or 0
 local REQ_TTL = table.remove(ARGV)
@@ -76,75 +86,14 @@ local function done(reply)
   return reply
 end
 
--- HMAC-SHA1 (RFC 2104) from redis.sha1hex; the key never stays in Redis.
-local function hex_to_bytes(hex)
-  return (hex:gsub('..', function(h) return string.char(tonumber(h, 16)) end))
-end
-
-local function hmac(key, msg)
-  if #key > 64 then key = hex_to_bytes(redis.sha1hex(key)) end
-  key = key .. string.rep('\0', 64 - #key)
-  local ipad, opad = {}, {}
-  for i = 1, 64 do
-    local b = key:byte(i)
-    ipad[i] = string.char(bit.bxor(b, 0x36))
-    opad[i] = string.char(bit.bxor(b, 0x5c))
-  end
-  local inner = hex_to_bytes(redis.sha1hex(table.concat(ipad) .. msg))
-  return redis.sha1hex(table.concat(opad) .. inner)
-end
-
--- Append an entry to the job's audit stream (same slot as the decision), chained:
--- each entry carries the hash of the previous one ('prev') and its own ('hash' =
--- HMAC-SHA1 with the audit key, or SHA-1 without one, over "name=value" lines of
--- every field before it). The chain head lives in the job hash; anchors of it
--- leave Redis through the gateway. fields: flat list of name, value pairs.
-local function audit(stream, job, retention, now, fields)
-  local all = {'at', fmt(now)}
-  for i = 1, #fields do all[#all + 1] = fields[i] end
-  all[#all + 1] = 'prev'
-  all[#all + 1] = redis.call('HGET', job, 'audit_head') or ''
-  local lines = {}
-  for i = 1, #all, 2 do lines[#lines + 1] = all[i] .. '=' .. all[i + 1] end
-  local text = table.concat(lines, '\n')
-  local hash
-  if AUDIT_KEY ~= '' then hash = hmac(AUDIT_KEY, text) else hash = redis.sha1hex(text) end
-  all[#all + 1] = 'hash'
-  all[#all + 1] = hash
-  local id = redis.call('XADD', stream, '*', unpack(all))
-  redis.call('HSET', job, 'audit_head', hash, 'audit_last', id)
-  redis.call('EXPIRE', stream, retention)
-  -- a job that has no fence (a rejected call for a job never registered) must not leave a
-  -- key that never expires: its hash lives as long as its audit stream. A fence or a
-  -- cancellation makes it permanent (PERSIST).
-  if redis.call('HEXISTS', job, 'fence') == 0 and redis.call('HEXISTS', job, 'cancelled') == 0 then
-    redis.call('EXPIRE', job, retention)
-  end
-  return id
-end
-
--- The "needs a decision" index of this slot (fg:nd:{<s>}, the job's slot): a sorted set of
--- queue members [tenant, job, step], holding every step whose outcome is unknown (score:
--- when it became unknown) or that is dispatching (score: its deadline). So ZRANGEBYSCORE
--- -inf <now> finds exactly the steps an operator may have to decide: every unknown, and
--- every dispatch past its deadline. Every script that changes a step's state calls this with
--- the new state, atomically with the change (the per-tenant hint is written after it).
-local function index(key, member, state, score)
-  if state == 'unknown' or state == 'dispatching' then
-    redis.call('ZADD', key, score, member)
-  else
-    redis.call('ZREM', key, member)
-  end
-end
-
 local function run_script(body)
-  local prior = redis.call('GET', REQ_KEY)
+  local got = redis.call('MGET', REQ_KEY, MARKER)  -- one slot: the job's
+  local prior, marker = got[1], got[2]
   local reply
   if prior then
     reply = cjson.decode(prior)
-    SEQ = tonumber(redis.call('GET', MARKER)) or 0
+    SEQ = tonumber(marker) or 0
   else
-    local marker = redis.call('GET', MARKER)
     if not marker then return {'0', 8} end
     SEQ = tonumber(marker) or 0
     if SEQ < SEEN then return {fmt(SEQ), 8, 'behind', fmt(SEEN)} end

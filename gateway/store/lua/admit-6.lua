@@ -68,6 +68,7 @@
   effect record leave it out, the job's next audit entry anchors it).
   Every state change of the step updates the slot's "needs a decision" index (index()).
 ]]
+--- @include "includes/index"
 --- @include "includes/fence"
 local gen = tonumber(ARGV[1])
 local now = now_ms()
@@ -77,17 +78,16 @@ local run_before = tonumber(ARGV[17] or '')
 if run_before and now > run_before then return {11, fmt(now)} end
 local member = ARGV[15]
 local closed = ARGV[18] or ''
-local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[8], now = now,
+local call = {job = KEYS[1], stream = KEYS[3], retention = ARGV[8], now = now,
   tenant = ARGV[13], job_id = ARGV[10], step = ARGV[11], presented = ARGV[1],
   worker_id = ARGV[12], adapter = ARGV[4], mode = ARGV[2], by = ARGV[16] or '',
-  unaudited = string.find(closed, 'r', 1, true) ~= nil},
-  {'cancelled', 'stale'})
+  unaudited = string.find(closed, 'r', 1, true) ~= nil}
+local g = fence_guard(call, {'cancelled', 'stale'})
 if g.reply then return g.reply end
 local fence = g.fence
 local raised = g.raised  -- implicit mode raised the fence: a read-only answer is a write too
 local registered = g.registered  -- the audit entry of that registration
 local reject = g.reject
--- read only on the paths that would dispatch (or raise the fence): not on a replay
 local completed = g.completed
 
 -- an answer that changed nothing, unless the fence was raised on the way
@@ -96,8 +96,13 @@ local function answer(reply)
   return reply
 end
 
-local fx = redis.call('HMGET', KEYS[2], 'state', 'intent_sha256', 'deadline', 'dispatch_id',
-  'generation', 'relay', 'resolving', 'worker_id', 'adapter')
+-- the effect hash, read once: its fields below, and as it is in the replies that carry it
+-- (unless this call changed it: effect_record())
+local stored = redis.call('HGETALL', KEYS[2])
+local h = {}
+for i = 1, #stored, 2 do h[stored[i]] = stored[i + 1] end
+local fx = {h.state, h.intent_sha256, h.deadline, h.dispatch_id, h.generation, h.relay,
+  h.resolving, h.worker_id, h.adapter}
 local state = fx[1]
 local superseded = ''
 local dirty = false  -- this call changed the step already (a dispatch past its deadline)
@@ -115,10 +120,30 @@ local function refuse(quota)
   return answer({12, quota, registered})
 end
 
+local function effect_record()
+  if dirty then return redis.call('HGETALL', KEYS[2]) end
+  return stored
+end
+
 local function touch()
   redis.call('EXPIRE', KEYS[2], ARGV[8])
   redis.call('SADD', KEYS[4], ARGV[11])
   redis.call('EXPIRE', KEYS[4], ARGV[8])
+end
+
+-- adds to names the fields of the effect hash present now, of those named (as read, or as
+-- this call left them: a dispatch marked unknown on the way): what an HDEL has to name
+local function present(names, ...)
+  for _, name in ipairs({...}) do
+    if h[name] then names[#names + 1] = name end
+  end
+  return names
+end
+
+-- the fields of the step's first write: created_at first when the step is new
+local function created(fields)
+  if state then return fields end
+  return {'created_at', fmt(now), unpack(fields)}
 end
 
 local function claim(resolving)
@@ -126,19 +151,27 @@ local function claim(resolving)
   local quota = over(false)
   if quota then return refuse(quota) end
   local deadline = now + tonumber(ARGV[7])
-  redis.call('HSET', KEYS[2], 'state', 'dispatching', 'intent_sha256', ARGV[3],
+  -- one write of the step: attempts counted from the hash as read (this script is atomic)
+  local fields = created({'state', 'dispatching', 'intent_sha256', ARGV[3],
     'adapter', ARGV[4], 'operation', ARGV[5], 'dispatch_id', ARGV[6],
     'deadline', fmt(deadline), 'updated_at', fmt(now), 'worker_id', ARGV[12],
-    'resolving', resolving)
-  -- a synchronous dispatch owns the step now: no stored payload, no queue entry
-  redis.call('HDEL', KEYS[2], 'payload', 'payload_sha', 'relay')
-  redis.call('ZREM', KEYS[5], member)
+    'resolving', resolving})
+  local gone = {}
   if resolving == '0' then
     -- a fresh dispatch: this generation is the one that dispatches it
-    redis.call('HSET', KEYS[2], 'generation', ARGV[1])
-    redis.call('HDEL', KEYS[2], 'result', 'error')
+    fields[#fields + 1] = 'generation'
+    fields[#fields + 1] = ARGV[1]
+    present(gone, 'result', 'error')
   end
-  redis.call('HINCRBY', KEYS[2], 'attempts', 1)
+  fields[#fields + 1] = 'attempts'
+  fields[#fields + 1] = fmt((tonumber(h.attempts) or 0) + 1)
+  -- the claim's first write: a command Redis refuses when out of memory (a ZREM or HDEL
+  -- first would be allowed and let every later write through: a dispatch Redis cannot record)
+  redis.call('HSET', KEYS[2], unpack(fields))
+  -- a synchronous dispatch owns the step now: no stored payload, no queue entry
+  present(gone, 'payload', 'payload_sha', 'relay')
+  redis.call('ZREM', KEYS[5], member)
+  if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
   index(KEYS[6], member, 'dispatching', fmt(deadline))
   touch()
   return done({0, ARGV[6], fmt(fence), fmt(deadline), resolving, superseded, registered})
@@ -146,10 +179,11 @@ end
 
 local function enqueue()
   if completed() then return reject('job_completed') end
-  redis.call('HSET', KEYS[2], 'state', 'pending', 'intent_sha256', ARGV[3], 'adapter', ARGV[4],
-    'operation', ARGV[5], 'payload', ARGV[14], 'payload_sha', ARGV[3], 'relay', '1',
-    'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[12])
-  redis.call('HDEL', KEYS[2], 'result', 'error', 'dispatch_id', 'deadline', 'resolving')
+  redis.call('HSET', KEYS[2], unpack(created({'state', 'pending', 'intent_sha256', ARGV[3],
+    'adapter', ARGV[4], 'operation', ARGV[5], 'payload', ARGV[14], 'payload_sha', ARGV[3],
+    'relay', '1', 'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[12]})))
+  local gone = present({}, 'result', 'error', 'dispatch_id', 'deadline', 'resolving')
+  if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
   redis.call('ZADD', KEYS[5], now, member)
   index(KEYS[6], member, 'pending')
   touch()
@@ -165,8 +199,7 @@ if not state then
   if completed() then return reject('job_completed') end
   local quota = over(ARGV[14] ~= '')
   if quota then return refuse(quota) end
-  redis.call('HSET', KEYS[2], 'created_at', fmt(now))
-  return pin()
+  return pin()  -- created_at: written with the pin (state is nil)
 end
 -- released: known not delivered; the current generation may re-pin the step
 if state == 'released' then
@@ -180,10 +213,11 @@ if state == 'pending' and (tonumber(fx[5]) or 0) < gen then
   local quota = over(ARGV[14] ~= '')
   if quota then return refuse(quota) end
   -- queued by an older generation and never claimed: nothing was sent. Supersede it.
-  superseded = audit(KEYS[3], KEYS[1], ARGV[8], now, {
-    'tenant', ARGV[13], 'job_id', ARGV[10], 'step', ARGV[11], 'reason', 'superseded',
-    'presented', fx[5] or '', 'current', fmt(fence), 'worker_id', fx[8] or '',
-    'adapter', fx[9] or ''})
+  local entry = {'step', ARGV[11], 'reason', 'superseded', 'presented', fx[5] or '',
+    'current', fmt(fence), 'worker_id', fx[8] or '', 'adapter', fx[9] or ''}
+  superseded = audit(KEYS[3], KEYS[1], ARGV[8], now,
+    {'tenant', ARGV[13], 'job_id', ARGV[10], unpack(entry)}, g.known)
+  feed_copy(call, superseded, entry)
   return pin()
 end
 
@@ -191,7 +225,7 @@ if fx[2] ~= ARGV[3] then return reject('intent_mismatch', fx[2]) end
 
 if state == 'pending' then
   -- the relay has it: an async repeat is accepted again, a sync call waits
-  if ARGV[14] ~= '' then return answer({5, unpack(redis.call('HGETALL', KEYS[2]))}) end
+  if ARGV[14] ~= '' then return answer({5, unpack(effect_record())}) end
   return answer({2, '1000', registered})
 end
 
@@ -203,26 +237,28 @@ if state == 'dispatching' then
     -- newer generation's call (its dispatch may end released, then superseded) and a
     -- sync holder: wait
     if ARGV[14] ~= '' and fx[6] == '1' and tonumber(fx[5]) == gen then
-      return answer({5, unpack(redis.call('HGETALL', KEYS[2]))})
+      return answer({5, unpack(effect_record())})
     end
     return answer({2, fmt(deadline - now), registered})
   end
   -- the holder died or stalled past its deadline: the outcome is not known
-  redis.call('HSET', KEYS[2], 'state', 'unknown', 'updated_at', fmt(now),
-    'error', '{"reason":"dispatch deadline passed without a recorded outcome"}')
+  local lapsed = '{"reason":"dispatch deadline passed without a recorded outcome"}'
+  redis.call('HSET', KEYS[2], 'state', 'unknown', 'updated_at', fmt(now), 'error', lapsed)
   redis.call('HDEL', KEYS[2], 'payload', 'payload_sha', 'relay')
   redis.call('ZREM', KEYS[5], member)
   index(KEYS[6], member, 'unknown', fmt(now))
   state = 'unknown'
+  h.state, h.updated_at, h.error = 'unknown', fmt(now), lapsed
+  h.payload, h.payload_sha, h.relay = nil, nil, nil
   marked = true
   dirty = true
 end
 
 if state == 'unknown' then
   if ARGV[9] == '1' then return claim('1') end
-  local reply = {3, unpack(redis.call('HGETALL', KEYS[2]))}
+  local reply = {3, unpack(effect_record())}
   if marked then return done(reply) end
   return answer(reply)
 end
 
-return answer({1, unpack(redis.call('HGETALL', KEYS[2]))})
+return answer({1, unpack(effect_record())})

@@ -20,6 +20,8 @@
     ARGV[12] '1': the tenant's checkpoint bytes are used up (gateway.fencing.quotas): only a
              write that does not grow what the job stores is taken; '' otherwise
     ARGV[13] the fixed charge of one checkpoint on top of its stored bytes (quotas)
+    ARGV[14] '1': the tenant's audited rejections are used up (quotas.rejections_per_window):
+             a rejection is answered ({9, …} with audit_id ''), not audited
 
   The stored field: {"generation":g,"value":<json>,"worker":<string|null>,"at_ms":ms},
   written as text here so the value's numbers are never re-encoded by Lua. Its charge (the
@@ -44,7 +46,8 @@ local now = now_ms()
 -- a completed job keeps its state as it was when it completed, whoever asks
 local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[9], now = now,
   tenant = ARGV[8], job_id = ARGV[7], step = 'checkpoint:' .. ARGV[3], presented = ARGV[1],
-  worker_id = ARGV[6], adapter = '', mode = ARGV[2], by = ARGV[10] or ''},
+  worker_id = ARGV[6], adapter = '', mode = ARGV[2], by = ARGV[10] or '',
+  unaudited = ARGV[14] == '1'},
   {'cancelled', 'stale', 'completed'})
 if g.reply then return g.reply end
 

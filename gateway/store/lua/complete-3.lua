@@ -17,6 +17,8 @@
     ARGV[7] job id   ARGV[8] tenant   ARGV[9] retention, seconds
     ARGV[10] who calls (the key's name, else its role; '' when not given): recorded with an
              implicit registration (the fence raised in implicit mode: 'event' = 'registered')
+    ARGV[11] '1': the tenant's audited rejections are used up (quotas.rejections_per_window):
+             a rejection is answered ({9, …} with audit_id ''), not audited
 
   The job hash's field 'completed' (written as text, never re-encoded by Lua):
     {"generation":g,"at_ms":ms,"result":<json>,"outputs":{"<name>":{"generation":g,
@@ -47,7 +49,8 @@ local function replay()
 end
 local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[9], now = now,
   tenant = ARGV[8], job_id = ARGV[7], step = 'job:complete', presented = ARGV[1],
-  worker_id = ARGV[6], adapter = '', mode = ARGV[2], by = ARGV[10] or ''},
+  worker_id = ARGV[6], adapter = '', mode = ARGV[2], by = ARGV[10] or '',
+  unaudited = ARGV[11] == '1'},
   {'cancelled', 'stale', 'completed'}, replay)
 if g.reply then return g.reply end
 

@@ -17,6 +17,8 @@
     ARGV[11] retention, seconds (audit stream)   ARGV[12] declared content type
     ARGV[13] who calls (the key's name, else its role; '' when not given): recorded with an
              implicit registration (the fence raised in implicit mode: 'event' = 'registered')
+    ARGV[14] '1': the tenant's audited rejections are used up (quotas.rejections_per_window):
+             a rejection is answered ({9, …} with audit_id ''), not audited
 
   Output:
     {0, fence, deadline_ms}                     staged: write the bytes now
@@ -33,7 +35,8 @@
 local now = now_ms()
 local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[11], now = now,
   tenant = ARGV[9], job_id = ARGV[8], step = 'output:' .. ARGV[3], presented = ARGV[1],
-  worker_id = ARGV[10], adapter = '', mode = ARGV[2], by = ARGV[13] or ''},
+  worker_id = ARGV[10], adapter = '', mode = ARGV[2], by = ARGV[13] or '',
+  unaudited = ARGV[14] == '1'},
   {'cancelled', 'completed', 'stale'})
 if g.reply then return g.reply end
 

@@ -24,26 +24,37 @@
   which re-checks the fence when it claims. The step leaves the slot's "needs a decision"
   index, or (unknown) stays in it, scored from now.
 ]]
-local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'relay')
+--- @include "includes/index"
+local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'relay', 'result', 'error',
+  'payload', 'payload_sha')
 if fx[1] ~= ARGV[1] or (fx[2] ~= 'dispatching' and fx[2] ~= 'unknown') then
   return {1, fx[2] or ''}
 end
 local now = now_ms()
 local state = ARGV[2]
-redis.call('HSET', KEYS[1], 'state', state, 'updated_at', fmt(now), 'deadline', '0')
+-- one write of the outcome, one delete of what it leaves behind (fields present as read)
+local fields = {'state', state, 'updated_at', fmt(now), 'deadline', '0'}
+if ARGV[3] ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = ARGV[3] end
+if ARGV[4] ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = ARGV[4] end
+redis.call('HSET', KEYS[1], unpack(fields))
 index(KEYS[3], ARGV[6], state, fmt(now))
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[3]) end
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[4]) end
+local gone = {}
 -- an outcome is the whole story: no error left over from an earlier attempt
-if state == 'succeeded' then redis.call('HDEL', KEYS[1], 'error') end
-if state == 'failed' then redis.call('HDEL', KEYS[1], 'result') end
-redis.call('EXPIRE', KEYS[1], ARGV[5])
+if state == 'succeeded' and (fx[5] or ARGV[4] ~= '') then gone[#gone + 1] = 'error' end
+if state == 'failed' and (fx[4] or ARGV[3] ~= '') then gone[#gone + 1] = 'result' end
 local due = ''
-if state == 'released' and fx[3] == '1' then
+local requeued = state == 'released' and fx[3] == '1'
+if not requeued then
+  if fx[6] then gone[#gone + 1] = 'payload' end
+  if fx[7] then gone[#gone + 1] = 'payload_sha' end
+  if fx[3] then gone[#gone + 1] = 'relay' end
+end
+if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+if requeued then
   due = ARGV[7]
   redis.call('ZADD', KEYS[2], due, ARGV[6])
 else
-  redis.call('HDEL', KEYS[1], 'payload', 'payload_sha', 'relay')
   redis.call('ZREM', KEYS[2], ARGV[6])
 end
 return done({0, due})

@@ -18,6 +18,7 @@
     {9, reason, presented, current, audit_id, ''}   rejected and audited
       (job_cancelled, job_completed, generation_exhausted, generation_regression)
 ]]
+--- @include "includes/audit"
 --- @include "includes/reject"
 local now = now_ms()
 local job = redis.call('HMGET', KEYS[1], 'fence', 'cancelled', 'lease_exp')

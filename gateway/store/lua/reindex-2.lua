@@ -12,6 +12,7 @@
     {0, state}   repaired: the entry now follows the record ('' : no record, entry removed)
     {1, state}   it already did: nothing changed
 ]]
+--- @include "includes/index"
 local fx = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'updated_at')
 local state = fx[1] or ''
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])

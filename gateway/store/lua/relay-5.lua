@@ -29,6 +29,8 @@
   payload belongs to the pinned intent. A step that fails a check is never sent.
   Every state change of the step updates the slot's "needs a decision" index (index()).
 ]]
+--- @include "includes/audit"
+--- @include "includes/index"
 local now = now_ms()
 local run_before = tonumber(ARGV[8] or '')
 if run_before and now > run_before then return {11, fmt(now)} end

@@ -22,6 +22,8 @@
 
   A resolved step leaves the slot's "needs a decision" index.
 ]]
+--- @include "includes/audit"
+--- @include "includes/index"
 local now = now_ms()
 local fx = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'generation', 'adapter')
 local state = fx[1]

@@ -26,6 +26,7 @@
 
   A step it makes unknown or released is updated in the slot's "needs a decision" index.
 ]]
+--- @include "includes/index"
 local prior = redis.call('GET', KEYS[3])
 local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'resolving')
 -- the dispatch id is unique: a step held under it means the admit (or claim) ran, even when

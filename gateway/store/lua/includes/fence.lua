@@ -1,16 +1,19 @@
 --- @include "includes/reject"
 --[[
   The fence guard of every fenced call (admit-6, checkpoint-3, complete-3, output-stage-3,
-  heartbeat-2): the same checks, the same implicit raise, the same audited rejection.
+  heartbeat-2, check-2): the same checks, the same implicit raise, the same audited rejection.
 
     local g = fence_guard(call, order, on_completed)
     if g.reply then return g.reply end
 
   call: the call's identity (see includes/reject), plus
+    lease_ms  true: the script needs the job's lease_ms (g.lease_ms; heartbeat-2)
     mode  'required' | 'implicit' (fencing.registration)
     by    who calls (the key's name, else its role): recorded with an implicit raise
     unaudited  true: a rejection is answered ({9, ..., audit_id ''}) but not audited (the
-          tenant's rejections quota is used up; admit-6 only)
+          tenant's rejections quota is used up)
+    peek  true: a check that writes nothing but its rejections (check-2): in mode 'implicit'
+          a generation above the fence passes without the raise
   order: the checks made first, in the order the script documents, from
     'cancelled'  the job was cancelled                         -> job_cancelled
     'stale'      the generation presented is below the fence   -> stale_generation
@@ -23,6 +26,7 @@
       the job completed                      -> job_completed (a completed job's fence is
                                                 never raised)
       mode 'required'                        -> unregistered_generation
+      mode 'implicit', peek                  -> passes; nothing written (g.fence unchanged)
       mode 'implicit': the raise. The fence becomes the presented generation, with no
         lease: lease_exp '0' and lease_ms '' (the previous generation's lease is not
         inherited; only register-2 grants a lease). The job hash never expires (PERSIST).
@@ -36,18 +40,39 @@
   g.raised      the guard raised the fence: every answer of the script is a write (done())
   g.registered  the audit id of that registration ('' when none)
   g.lease_exp   the job's lease_exp (ms; 0: no lease, or raised just now)
-  g.completed() whether the job completed (HEXISTS, read once, when first asked)
+  g.lease_ms    the job's lease_ms (a number; nil: none), read when call.lease_ms is true
+  g.known       what audit() knows of the job hash from the guard's read (call.known is the
+                same table: includes/audit)
+  g.completed() whether the job completed: read with the guard's HMGET when `order` checks
+                it, else with HEXISTS when first asked (the script has not written it yet)
   g.reject(reason, pinned)   an audited rejection of this call, later in the script
 ]]
 local function fence_guard(call, order, on_completed)
-  local job = redis.call('HMGET', call.job, 'fence', 'cancelled', 'lease_exp')
+  -- the job hash, read once, with what the checks in `order` and the script need of it
+  -- (each field read costs a replay too: the rest is read when asked)
+  local asks = call.lease_ms == true  -- completion read with the rest (and lease_ms)
+  for i = 1, #order do asks = asks or order[i] == 'completed' end
+  local job
+  if asks and call.lease_ms then
+    job = redis.call('HMGET', call.job, 'fence', 'cancelled', 'lease_exp', 'completed',
+      'lease_ms')
+  elseif asks then
+    job = redis.call('HMGET', call.job, 'fence', 'cancelled', 'lease_exp', 'completed')
+  else
+    job = redis.call('HMGET', call.job, 'fence', 'cancelled', 'lease_exp')
+  end
   local gen = tonumber(call.presented)
   local g = {fence = tonumber(job[1]) or 0, raised = false, registered = '',
-    lease_exp = tonumber(job[3]) or 0}
-  local completed
+    lease_exp = tonumber(job[3]) or 0, lease_ms = tonumber(asks and job[5] or ''),
+    known = {lasting = job[1] ~= false or job[2] ~= false}}
+  call.known = g.known  -- the audit entries of this call chain from it (includes/audit)
+  local completed = nil  -- not read yet
+  if asks then completed = job[4] end
   function g.completed()
-    if completed == nil then completed = redis.call('HEXISTS', call.job, 'completed') == 1 end
-    return completed
+    if completed == nil then
+      completed = redis.call('HEXISTS', call.job, 'completed') == 1 and '1' or false
+    end
+    return completed ~= false
   end
   function g.reject(reason, pinned)
     if call.unaudited then  -- answered, not audited (the tenant's rejections quota is spent)
@@ -81,13 +106,14 @@ local function fence_guard(call, order, on_completed)
       g.reply = g.reject('job_completed')
     elseif call.mode ~= 'implicit' then
       g.reply = g.reject('unregistered_generation')
-    else
+    elseif not call.peek then
       redis.call('HSET', call.job, 'fence', call.presented, 'lease_exp', '0', 'lease_ms', '')
       redis.call('PERSIST', call.job)  -- a fence never expires
+      g.known.lasting = true
       g.registered = audit(call.stream, call.job, call.retention, call.now, {
         'tenant', call.tenant, 'job_id', call.job_id, 'event', 'registered',
         'generation', call.presented, 'previous', fmt(g.fence), 'by', call.by,
-        'mode', 'implicit', 'worker_id', call.worker_id})
+        'mode', 'implicit', 'worker_id', call.worker_id}, g.known)
       g.fence = gen
       g.raised = true
       g.lease_exp = 0

@@ -1,6 +1,8 @@
+--- @include "includes/audit"
+--- @include "includes/feed"
 --[[
-  An audited rejection: the entry in the job's audit chain and the reply every script gives a
-  call it rejects.
+  An audited rejection: the entry in the job's audit chain, its copy to the tenant feed
+  (includes/feed) and the reply every script gives a call it rejects.
 
     reject_call(call, reason, current, pinned)
       -> done({9, reason, presented, current, audit_id, pinned or ''})
@@ -10,6 +12,7 @@
     retention  seconds (the audit stream's)
     now        ms, Redis TIME (a number)
     tenant  job_id  step  presented (the generation as sent)  worker_id  adapter
+    known      optional: what the script read of the job hash (see audit() in the prelude)
   current: the job's fence (a number). pinned: the step's pinned intent (intent_mismatch).
   The entry's fields, in this order (the chain hashes them in order): tenant, job_id, step,
   reason, presented, current, worker_id, adapter.
@@ -18,6 +21,8 @@ local function reject_call(call, reason, current, pinned)
   local id = audit(call.stream, call.job, call.retention, call.now, {
     'tenant', call.tenant, 'job_id', call.job_id, 'step', call.step, 'reason', reason,
     'presented', call.presented, 'current', fmt(current), 'worker_id', call.worker_id,
-    'adapter', call.adapter})
+    'adapter', call.adapter}, call.known)
+  feed_copy(call, id, {'step', call.step, 'reason', reason, 'presented', call.presented,
+    'current', fmt(current), 'worker_id', call.worker_id, 'adapter', call.adapter})
   return done({9, reason, call.presented, fmt(current), id, pinned or ''})
 end

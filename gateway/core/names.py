@@ -1,0 +1,27 @@
+"""Names: the pattern of a tenant, job, step or adapter name, and the ``tenants`` list an
+adapter or upstream section names (``"*"`` or tenant names)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["NAME", "tenant_list"]
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch it: no trailing "\n"
+
+
+def tenant_list(v: Any) -> Any:
+    """A ``tenants`` value before validation: ``"*"`` becomes ``("*",)``; a list must name
+    at least one tenant, each a name or ``"*"`` alone. Raises ValueError saying which."""
+    if v == "*":
+        return ("*",)
+    if isinstance(v, (list, tuple)):
+        if not v:
+            raise ValueError('name at least one tenant, or "*" for every tenant')
+        for t in v:
+            if not isinstance(t, str) or not (t == "*" or NAME.fullmatch(t)):
+                raise ValueError(f'{t!r} is not a tenant name (or "*")')
+        if "*" in v and len(v) > 1:
+            raise ValueError('"*" (every tenant) cannot be combined with tenant names')
+    return v

@@ -1,0 +1,146 @@
+"""The output ledger: what each tenant has in the output store, in Redis.
+
+Cap-free bookkeeping shared by the uploads, the completion and the sweeper; the caps
+(``quotas.output_bytes``, ``quotas.output_objects``) are applied by
+:meth:`gateway.fencing.quotas.Quotas.reserve_output`, whose module docstring describes the
+counters: ``fg:quota:{<tenant>}:out`` (object key -> bytes stored there),
+``fg:quota:{<tenant>}:out_up`` (``"<object key> <upload id>"`` -> bytes reserved while that
+upload runs) and ``fg:quota:{<tenant>}:out_bytes`` (their sum), kept by
+:class:`gateway.store.output_records.OutputRecords` (its scripts are the only writes).
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from gateway.core.errors import StoreUnavailable
+from gateway.core.records import OutputRecord
+from gateway.objects import ObjectStore, ObjectStoreError, parse_output_key
+from gateway.store.output_records import OutputRecords
+
+__all__ = ["OutputLedger"]
+
+log = structlog.get_logger("fencegate.quotas")
+
+
+class OutputLedger:
+    """The charges of the objects a tenant has in the output store (the module docstring):
+    cap-free bookkeeping shared by the uploads, the completion and the sweeper; the caps
+    are :meth:`Quotas.reserve_output`'s."""
+
+    def __init__(self, records: OutputRecords, objects: ObjectStore) -> None:
+        self._records = records
+        self._objects = objects
+        self._reconciled: dict[str, float] = {}
+
+    async def reserve(
+        self,
+        tenant: str,
+        key: str,
+        upload: str,
+        amount: int,
+        byte_cap: int,
+        object_cap: int,
+        *,
+        replaces: str = "",
+    ) -> int:
+        """A :class:`~gateway.store.output_records.LedgerReply` (over the byte or the object
+        cap: nothing reserved), else the bytes charged with this reservation. ``replaces``:
+        the upload of the same key whose reservation this one takes over (a new pre-signed
+        URL for the output)."""
+        return await self._records.reserve(
+            tenant,
+            key=key,
+            upload=upload,
+            amount=amount,
+            byte_cap=byte_cap,
+            object_cap=object_cap,
+            replaces=replaces,
+        )
+
+    async def settle(self, tenant: str, key: str, upload: str, size: int | None) -> None:
+        """``upload`` ended: ``size`` the bytes now stored at ``key``, None for nothing
+        (failed, refused before a byte). Best effort: a lost settlement stays reserved until
+        a reconciliation gives it back."""
+        try:
+            await self._records.settle(tenant, key=key, upload=upload, size=size)
+        except StoreUnavailable:
+            log.warning("quota_settle_failed", key=key, kind="output")
+
+    async def released(self, tenant: str, objects: list[str], uploads: list[str]) -> None:
+        """The objects ``objects`` left the store; ``uploads`` (``"<key> <upload>"``) wrote
+        nothing that is left there. Both are given back. Best effort (see :meth:`settle`)."""
+        args = [a for k in objects for a in ("O", k, "")]
+        args += [a for u in uploads for a in ("U", u, "")]
+        for i in range(0, len(args), 3000):
+            try:
+                await self._records.fix(tenant, args[i : i + 3000])
+            except StoreUnavailable:
+                log.warning("quota_release_failed", tenant=tenant, kind="output")
+                return
+
+    async def reconcile(self, tenant: str) -> int:
+        """Give back the charges of the tenant's objects that left the store and of its
+        reservations whose upload ended (module docstring); the entries changed (at most
+        once a second per tenant: 0 when skipped)."""
+        now = time.monotonic()
+        if now - self._reconciled.get(tenant, 0.0) < 1.0:
+            return 0
+        self._reconciled[tenant] = now
+        try:
+            charged, reserved = await self._records.charges(tenant)
+            if not charged and not reserved:
+                return 0
+            # listed after the charges were read: an object charged then was written then
+            listed = {i.key: i.size async for i in self._objects.list(f"{tenant}/")}
+            running = await self._running(tenant, list(reserved))
+            now_ms = int(time.time() * 1000)
+        except (StoreUnavailable, ObjectStoreError, OSError) as exc:
+            log.warning("quota_reconcile_failed", tenant=tenant, kind="output", error=str(exc))
+            return 0
+        ops: list[str] = []
+        for key, charge in charged.items():
+            if key not in listed:  # deleted: a key never receives an object again then
+                ops += ["o", key, charge]
+        for field, charge in reserved.items():
+            key, _, upload = field.rpartition(" ")
+            entry = running.get(field)
+            if (
+                entry is not None
+                and (entry.upload, entry.state) == (upload, "staged")
+                and entry.deadline_ms > now_ms
+            ):
+                continue  # still running (or a pre-signed URL still valid)
+            ops += ["u", field, charge]
+            if key in listed:
+                ops += ["s", key, str(listed[key])]
+        changed = 0
+        for i in range(0, len(ops), 3000):
+            try:
+                await self._records.fix(tenant, ops[i : i + 3000])
+            except StoreUnavailable:
+                return changed
+            changed += len(ops[i : i + 3000]) // 3
+        if changed:
+            log.info("output_quota_reconciled", tenant=tenant, entries=changed)
+        return changed
+
+    async def _running(self, tenant: str, fields: list[str]) -> dict[str, OutputRecord]:
+        """The outputs-hash entries of the reservations ``fields`` (those that have one)."""
+        asked: list[tuple[str, str]] = []
+        for field in fields:
+            parsed = parse_output_key(field.rpartition(" ")[0])
+            if parsed is not None and parsed[0] == tenant:
+                asked.append((field, f"{parsed[2]}/{parsed[3]}"))
+        if not asked:
+            return {}
+        found = await self._records.entries_of(
+            tenant, [(field.split("/", 2)[1], at) for field, at in asked]
+        )
+        return {
+            field: OutputRecord.parse(at, raw)
+            for (field, at), raw in zip(asked, found, strict=True)
+            if raw is not None
+        }

@@ -1,0 +1,184 @@
+"""Quotas are charged after the verdict (gateway.fencing.quotas through the effect service's
+admission hook): only admitted and queued calls spend the effects quota; replays and "in
+progress" answers are never charged nor refused; rejections have their own counter and cap.
+Real Redis, the real app over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from gateway.http import appkeys as K
+
+
+async def test_a_zombie_flood_cannot_spend_the_live_workers_quota(make_gateway: Any) -> None:
+    gw = await make_gateway(quotas={"effects_per_window": 4})
+    assert (await gw.register("j", generation=1)).status == 201
+    assert (await gw.effect("j", "notify", 1)).status == 200  # generation 1 delivers notify
+    assert (await gw.register("j", generation=2)).status == 201
+    for _ in range(3):  # the zombie: generation 1 goes on calling
+        stale = await gw.effect("j", "other", 1, worker_id="zombie")
+        assert stale.status == 409, await stale.text()
+        assert (await stale.json())["code"] == "stale_generation"
+    replay = await gw.effect("j", "notify", 2)
+    assert replay.status == 200, await replay.text()
+    assert (await replay.json())["replayed"] is True
+    following = await gw.effect("j", "next", 2)
+    assert following.status == 200, await following.text()
+
+
+async def test_a_replay_is_never_refused_by_a_quota(make_gateway: Any) -> None:
+    gw = await make_gateway(quotas={"effects_per_window": 2})
+    assert (await gw.register("j", generation=1)).status == 201
+    assert (await gw.effect("j", "s1", 1)).status == 200
+    assert (await gw.effect("j", "s2", 1)).status == 200
+    over = await gw.effect("j", "s3", 1)
+    assert over.status == 429, await over.text()
+    assert (await over.json())["quota"] == "effects_per_window"
+    # nothing of s3 was stored or sent
+    assert (await gw.client.get("/v1/jobs/j/effects/s3", headers=gw.headers)).status == 404
+    for step in ("s1", "s2", "s1"):  # past the cap, replays are answered as before
+        replay = await gw.effect("j", step, 1)
+        assert replay.status == 200, await replay.text()
+        assert (await replay.json())["replayed"] is True
+    # a rejection past the cap is still the fence's answer, not the quota's
+    mismatch = await gw.effect("j", "s1", 1, payload={"to": "someone-else@example.com"})
+    assert mismatch.status == 422, await mismatch.text()
+
+
+async def test_an_async_repeat_is_never_refused_by_the_payload_quota(
+    make_gateway: Any,
+) -> None:
+    gw = await make_gateway(quotas={"payload_bytes": 30_000})
+    gw.app[K.SERVICE].relay.stop()  # the steps stay queued ('pending')
+    assert (await gw.register("j", generation=1)).status == 201
+    blob = {"blob": "x" * 20_000}
+    async_ = {"Prefer": "respond-async"}
+    first = await gw.effect("j", "p1", 1, adapter="dead", payload=blob, headers=async_)
+    assert first.status == 202, await first.text()
+    over = await gw.effect("j", "p2", 1, adapter="dead", payload=blob, headers=async_)
+    assert over.status == 429 and (await over.json())["quota"] == "payload_bytes"
+    repeat = await gw.effect("j", "p1", 1, adapter="dead", payload=blob, headers=async_)
+    assert repeat.status == 202, await repeat.text()
+
+
+async def test_rejections_past_their_cap_are_answered_and_counted_but_not_audited(
+    make_gateway: Any,
+) -> None:
+    gw = await make_gateway(quotas={"effects_per_window": 10, "rejections_per_window": 2})
+    assert (await gw.register("j", generation=2)).status == 201
+    for _ in range(5):
+        stale = await gw.effect("j", "s", 1, worker_id="zombie")
+        assert stale.status == 409 and (await stale.json())["code"] == "stale_generation"
+    audited = [e for e in await gw.audit() if e["reason"] == "stale_generation"]
+    assert len(audited) == 2
+    metrics = (await (await gw.client.get("/metrics")).text()).splitlines()
+    counted = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics
+        if line.startswith("fencegate_quota_rejections_total{")
+    }
+    assert counted == {'audited="true",tenant="default"': 2.0,
+                       'audited="false",tenant="default"': 3.0}  # fmt: skip
+    # the live worker's effects quota is untouched by the flood
+    for step in ("a", "b", "c"):
+        assert (await gw.effect("j", step, 2)).status == 200
+
+
+async def test_with_no_quota_configured_no_admission_hook_is_built(make_gateway: Any) -> None:
+    gw = await make_gateway(quotas={"payload_bytes": 0, "rejections_per_window": 0})
+    assert gw.app[K.SERVICE].admission is None
+    assert (await gw.register("j", generation=1)).status == 201
+    assert (await gw.effect("j", "s", 1)).status == 200
+
+
+async def test_rejections_are_capped_by_default_and_past_the_cap_summarised(
+    make_gateway: Any, redis_sync: Any
+) -> None:
+    """The audit entries a caller can make are bounded: the rejections cap is on by default
+    (10,000 per tenant per hour); past it the feed gets one summary entry a second
+    (``quota_exceeded``, ``quota = rejections_per_window``), not one entry per call."""
+    default = await make_gateway()
+    assert default.settings.quotas.rejections_per_window == 10_000
+    assert default.settings.quotas.window_seconds == 3600
+    gw = await make_gateway(quotas={"rejections_per_window": 2})
+    assert (await gw.register("j", generation=2)).status == 201
+    for _ in range(6):
+        stale = await gw.effect("j", "s", 1, worker_id="zombie")
+        assert stale.status == 409
+    feed = [fields for _, fields in redis_sync.xrange("fg:audit:default")]
+    assert len([e for e in feed if e["reason"] == "stale_generation"]) == 2
+    summaries = [e for e in feed if e["reason"] == "quota_exceeded"]
+    assert 1 <= len(summaries) <= 4  # one a second at most (the loop may cross a second)
+    assert all(e.get("quota") == "rejections_per_window" for e in summaries), summaries
+
+
+async def test_every_fenced_call_s_rejections_share_the_cap(
+    make_gateway: Any, redis_sync: Any, tmp_path: Any
+) -> None:
+    """A stale worker's heartbeats, checkpoints, completions and output uploads are capped
+    like its effect calls: past ``quotas.rejections_per_window`` each is still answered 409
+    ``stale_generation``, but no longer written to the job's audit chain (the feed gets the
+    summary), so a zombie cannot grow the stream a chain check reads without bound."""
+    gw = await make_gateway(
+        quotas={"rejections_per_window": 3},
+        outputs={"store": "file", "path": str(tmp_path / "out"), "sweep_interval_seconds": 0},
+    )
+    assert (await gw.register("j", generation=2)).status == 201
+    stale = {**gw.headers, "Fencing-Token": "1", "Worker-Id": "zombie"}
+    client = gw.client
+    calls = [
+        lambda: client.post("/v1/jobs/j/fence", headers=stale),
+        lambda: client.put("/v1/jobs/j/checkpoints/c", json={"at": 1}, headers=stale),
+        lambda: client.post("/v1/jobs/j/complete", json={"result": None}, headers=stale),
+        lambda: client.put(
+            "/v1/jobs/j/outputs/o", data=b"x", headers={**stale, "Content-Type": "text/plain"}
+        ),
+    ]
+    window = int(time.time() // 3600)
+    counter = f"fg:quota:{{default}}:rj:{window}"
+    rejected = 0
+    for _ in range(4):
+        for call in calls:
+            resp = await call()
+            body = await resp.json()
+            assert (resp.status, body["code"]) == (409, "stale_generation"), body
+            rejected += 1
+            for _ in range(200):  # the charge is not waited for by the call: let it land
+                if int(redis_sync.get(counter) or 0) == rejected:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # and its reply reach the gateway's view
+    assert int(redis_sync.get(counter)) == 16
+    chain = [f for _, f in redis_sync.xrange("fg:{default/j}:audit")]
+    assert [e["reason"] for e in chain if "reason" in e] == ["stale_generation"] * 3
+    feed = [f for _, f in redis_sync.xrange("fg:audit:default")]
+    summaries = [e for e in feed if e["reason"] == "quota_exceeded"]
+    assert summaries and all(e["quota"] == "rejections_per_window" for e in summaries)
+
+
+async def test_the_effects_window_counter_always_expires(
+    make_gateway: Any, redis_sync: Any
+) -> None:
+    """Its TTL is sent with the window's first charge, not with every charge; a counter created
+    again mid-window (a flushed Redis) gets it again."""
+    gw = await make_gateway(quotas={"effects_per_window": 100})
+    assert (await gw.register("j", generation=1)).status == 201
+
+    async def ttl_once_charged(charged: int) -> int:
+        for _ in range(100):  # the charge (INCR, then EXPIRE) is not waited for by the call
+            keys = redis_sync.keys("fg:quota:{default}:fx:*")
+            counted = bool(keys) and int(redis_sync.get(keys[0]) or 0) >= charged
+            if counted and (ttl := redis_sync.ttl(keys[0])) > 0:
+                return int(ttl)
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no counter of {charged} with a TTL: {keys}")
+
+    for charged, step in enumerate(("s1", "s2", "s3"), start=1):
+        assert (await gw.effect("j", step, 1)).status == 200
+        assert await ttl_once_charged(charged) <= 3600 + 60
+    [key] = redis_sync.keys("fg:quota:{default}:fx:*")
+    redis_sync.delete(key)
+    assert (await gw.effect("j", "s4", 1)).status == 200
+    assert await ttl_once_charged(1) <= 3600 + 60
