@@ -214,6 +214,10 @@ class OutputService:
                 at_least=at_least,
                 replaces=replaced if presigned else "",
             )
+        except (asyncio.CancelledError, StoreUnavailable):
+            # the reservation may have been made (a client gone or a reply lost after it ran)
+            await asyncio.shield(self.ledger.settle(keys.tenant, key, upload, None))
+            raise
         except QuotaExceeded:
             if await self._fenced_out(keys, gen):  # the fence's answer first (audited 409)
                 await self._stage(
@@ -241,7 +245,12 @@ class OutputService:
                 upload=upload,
                 by=by,
             )
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and not presigned:
+                # a client gone while the reply was on its way: the stage may have run, and
+                # its claim would lock the output until its deadline (StoreUnavailable: the
+                # stage has done the same already)
+                self._abandon_soon(keys, gen, name, upload)
             await asyncio.shield(self.ledger.settle(keys.tenant, key, upload, None))
             raise
         return upload, key, deadline, reserved

@@ -30,6 +30,7 @@ from gateway.store.keys import JobKeys
 from tests.conftest import Upstream, gateway_settings, start_gateway
 from tests.support.outputs import JOB, Objects, metric, put, register, sha, write_config
 from tests.support.processes import DurableRedis
+from tests.support.wire import WireProxy
 
 # -- the happy path and reads --------------------------------------------------------
 
@@ -348,6 +349,46 @@ async def test_short_body_or_disconnect_mid_upload_records_nothing(
     resp = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/report")
     assert resp.status == 404
     assert (await put(ogw, gen, b"the retry")).status == 201
+
+
+@pytest.mark.parametrize("held", ["reserve", "stage"])
+async def test_a_client_gone_while_a_reply_is_in_flight_leaves_no_claim_and_no_charge(
+    make_gateway: Any, objects: Objects, wire: WireProxy, redis_sync: redis.Redis, held: str
+) -> None:
+    """The client hangs up while the byte reservation's or the stage's reply is on its way:
+    the request is cancelled after that script ran in Redis. The reservation is given back,
+    a claim is ended at once (not left to the hour-long deadline), no object is left, and
+    the worker's retry is stored."""
+    gw = await make_gateway(
+        redis={"url": wire.url},
+        outputs={**objects.section, "sweep_interval_seconds": 0, "max_bytes": 1024 * 1024},
+    )
+    gen = await register(gw)
+    # a first output puts both scripts in Redis's cache (each is sent by its digest then);
+    # both carry the object key: the reservation goes first, then the stage
+    assert (await put(gw, gen, b"warm", name="warm")).status == 201
+    rule = wire.on_reply_to(
+        f"{JOB}/g{gen}/report".encode(), "hold", seconds=1.0, skip=int(held == "stage")
+    )
+    await _raw_put(gw, 500_000, b"only part of it" * 100, gen)
+    assert rule.fired.is_set()
+    outputs_key = f"fg:{{default/{JOB}}}:outputs"
+    charged = "fg:quota:{default}:out_bytes"
+    entry = None
+    for _ in range(250):
+        entry = redis_sync.hget(outputs_key, f"{gen}/report")
+        freed = entry is None if held == "reserve" else '"deadline":0' in (entry or "")
+        if freed and int(redis_sync.get(charged) or 0) == len(b"warm"):
+            break
+        await asyncio.sleep(0.02)
+    if held == "reserve":
+        assert entry is None
+    else:
+        assert entry is not None and '"state":"staged"' in entry and '"deadline":0' in entry
+    assert int(redis_sync.get(charged) or 0) == len(b"warm")
+    assert list(objects.stored()) == [f"default/{JOB}/g{gen}/warm"]
+    assert (await put(gw, gen, b"the retry")).status == 201
+    assert int(redis_sync.get(charged) or 0) == len(b"warm") + len(b"the retry")
 
 
 async def test_content_type_must_be_a_media_type(ogw: Any, objects: Objects) -> None:
