@@ -19,9 +19,10 @@ import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -219,6 +220,28 @@ class RedisLink:
     def batcher(self) -> Batcher | ClusterRouter:
         """The auto-pipeline every script and the audit feed go through."""
         return self._batcher
+
+    def route_through(self, batcher: Batcher | ClusterRouter) -> None:
+        """Send every later command through ``batcher`` instead (the model checker's wire,
+        which records and reorders calls); a deployment never calls this."""
+        self._batcher = batcher
+
+    @property
+    def script_shas(self) -> Mapping[str, str]:
+        """Each script's name and the SHA1 it is sent by (``EVALSHA``), read-only."""
+        return MappingProxyType(self._shas)
+
+    def script_source(self, name: str) -> str:
+        """The source of script ``name`` as Redis runs it (prelude and includes resolved)."""
+        return self._sources[name]
+
+    def replace_script(self, name: str, source: str) -> str:
+        """Run ``source`` as script ``name`` from now on; returns its SHA1. For the model
+        checker's mutation tests (a deliberately broken variant); a deployment never calls
+        this."""
+        self._sources[name] = source
+        self._shas[name] = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+        return self._shas[name]
 
     @property
     def client(self) -> aioredis.Redis:

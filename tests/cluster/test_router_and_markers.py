@@ -99,7 +99,7 @@ async def test_noscript_on_a_flushed_primary_is_one_eval(
     valkey_cluster.client(node).script_flush()  # as a restart or a promoted replica has
     assert (await gw.effect(job, "a", 1)).status == 200
     assert (await gw.effect(job, "b", 1)).status == 200
-    shas = list(gw.app[K.STORE].link._shas.values())
+    shas = list(gw.app[K.STORE].link.script_shas.values())
     assert valkey_cluster.client(node).script_exists(shas[0]) == [True]  # EVAL loaded it again
     assert len(upstream.received) == 2
 

@@ -490,9 +490,9 @@ class Driver:
         self._uploads = itertools.count(1)  # upload ids: u-<n>, named by their holder
         self.steps = tuple(steps)
         self.dedupes = dedupes  # the adapter's capabilities: dedupes_by_key, no lookup
-        self.wire.names.update({sha: name for name, sha in self.store.link._shas.items()})
+        self.wire.names.update({sha: name for name, sha in self.store.link.script_shas.items()})
         for store in self.stores:
-            store.link._batcher = self.wire  # type: ignore[assignment]
+            store.link.route_through(self.wire)  # type: ignore[arg-type]
         # Dispatch and request ids: unique per run and recognisable (the explorer names them
         # by the actor that holds them).
         self._ids = itertools.count(1)
@@ -520,14 +520,12 @@ class Driver:
 
     def mutate(self, script: str, old: str, new: str) -> None:
         """Load a deliberately broken variant of one script (mutation test of the explorer)."""
-        src = self.store.link._sources[script]
+        src = self.store.link.script_source(script)
         if old not in src:
             raise LookupError(f"{old!r} is not in {script}: update the mutation")
         src = src.replace(old, new)
-        sha = hashlib.sha1(src.encode(), usedforsecurity=False).hexdigest()
         for store in self.stores:
-            store.link._sources[script] = src
-            store.link._shas[script] = sha
+            sha = store.link.replace_script(script, src)
         self.wire.names[sha] = script
 
     def use(self, process: int) -> None:
