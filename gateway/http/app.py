@@ -247,7 +247,8 @@ def create_app(
             log.warning("redis_unavailable_at_start", detail=exc.detail)
         app[K.STORE] = store
         app[K.JOBSTATE] = JobState(
-            store,
+            store.link,
+            store.decisions,
             registration=settings.fencing.registration,
             retention_seconds=settings.fencing.retention_seconds,
             max_checkpoints=settings.checkpoints.max_per_job,

@@ -27,7 +27,8 @@ from gateway.core.errors import OutputNotStaged
 from gateway.core.records import OutputRecord, OverQuota
 from gateway.store import replies
 from gateway.store.keys import JobKeys
-from gateway.store.store import Store
+from gateway.store.link import RedisLink
+from gateway.store.store import Decisions
 
 __all__ = [
     "CHECKPOINT_ENVELOPE",
@@ -109,18 +110,22 @@ def _output_record(field: str, raw: str) -> OutputRecord | None:
 
 
 class JobState:
-    """Checkpoints and completion of jobs, on the gateway's :class:`Store`."""
+    """Checkpoints and completion of jobs: their scripts run on the store's ``link``; a
+    refusal is audited and raised by the store's ``decisions``
+    (:meth:`~gateway.store.store.Decisions.rejected`)."""
 
     def __init__(
         self,
-        store: Store,
+        link: RedisLink,
+        decisions: Decisions,
         *,
         registration: str,
         retention_seconds: int,
         max_checkpoints: int = 100,
         checkpoint_overhead: int = 256,
     ) -> None:
-        self._store = store
+        self._link = link
+        self._decisions = decisions
         self._registration = registration
         self._retention = str(retention_seconds)
         self._max_checkpoints = str(max_checkpoints)
@@ -142,9 +147,9 @@ class JobState:
         does not grow the job's checkpoints is taken). Over ``max_checkpoints`` names or
         ``closed``: :class:`OverQuota` (``checkpoints_per_job`` | ``checkpoint_bytes``), nothing
         written."""
-        store = self._store
-        flag = store.unaudited_flag(keys.tenant)
-        reply = await store.run_script(
+        link = self._link
+        flag = link.unaudited_flag(keys.tenant)
+        reply = await link.run_script(
             "checkpoint-3",
             keys,
             (keys.job, keys.ckpt, keys.audit),
@@ -170,14 +175,14 @@ class JobState:
             return CheckpointWritten(int(reply[2]), int(reply[3]), int(reply[4]))
         if code == replies.CheckpointReply.REFUSED:
             return OverQuota(str(reply[1]))
-        store.rejection_spent(keys, f"checkpoint:{name}", flag, worker_id or "")
-        raise await store.rejected(
+        link.rejection_spent(keys, f"checkpoint:{name}", flag, worker_id or "")
+        raise await self._decisions.rejected(
             keys, reply, step=f"checkpoint:{name}", worker_id=worker_id or ""
         )
 
     async def load_checkpoint(self, keys: JobKeys, name: str) -> Checkpoint | None:
-        client = self._store.client
-        raw = await self._store.guard(lambda: client.hget(keys.ckpt, name))
+        client = self._link.client
+        raw = await self._link.guard(lambda: client.hget(keys.ckpt, name))
         return None if raw is None else Checkpoint.from_json(name, str(raw))
 
     async def complete(
@@ -194,9 +199,9 @@ class JobState:
     ) -> CompletionRecord:
         """The fenced completion (see ``complete-3.lua``). ``request_id``: the same one on a
         re-send of a call whose reply was lost (it answers what it answered)."""
-        store = self._store
-        flag = store.unaudited_flag(keys.tenant)
-        reply = await store.run_script(
+        link = self._link
+        flag = link.unaudited_flag(keys.tenant)
+        reply = await link.run_script(
             "complete-3",
             keys,
             (keys.job, keys.outputs, keys.audit),
@@ -228,12 +233,14 @@ class JobState:
                 missing=missing,
                 generation=generation,
             )
-        store.rejection_spent(keys, "job:complete", flag, worker_id or "")
-        raise await store.rejected(keys, reply, step="job:complete", worker_id=worker_id or "")
+        link.rejection_spent(keys, "job:complete", flag, worker_id or "")
+        raise await self._decisions.rejected(
+            keys, reply, step="job:complete", worker_id=worker_id or ""
+        )
 
     async def view(self, keys: JobKeys) -> JobStateView:
         """Completion, checkpoints and outputs of a job (three reads, one pipeline)."""
-        client = self._store.client
+        client = self._link.client
 
         async def read() -> list[Any]:
             async with client.pipeline(transaction=False) as pipe:
@@ -242,7 +249,7 @@ class JobState:
                 pipe.hgetall(keys.outputs)
                 return await pipe.execute()
 
-        completed, ckpts, outputs = await self._store.guard(read)
+        completed, ckpts, outputs = await self._link.guard(read)
         records = [_output_record(f, v) for f, v in sorted(outputs.items())]
         return JobStateView(
             completion=CompletionRecord.from_json(completed) if completed else None,

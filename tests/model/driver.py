@@ -484,7 +484,9 @@ class Driver:
             self.stores.append(store)
         self.store = self.stores[0]  # the store of the actor whose step runs (use())
         self.jobstates = {
-            id(store): JobState(store, registration="required", retention_seconds=RETENTION_S)
+            id(store): JobState(
+                store.link, store.decisions, registration="required", retention_seconds=RETENTION_S
+            )
             for store in self.stores
         }
         self._uploads = itertools.count(1)  # upload ids: u-<n>, named by their holder
