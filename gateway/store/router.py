@@ -152,6 +152,12 @@ class ClusterRouter:
         return self._retired_batches + sum(b.batches for b in self._nodes.values())
 
     @property
+    def pipelined_nodes(self) -> tuple[str, ...]:
+        """The nodes (``host:port``) this router has sent commands to, each with its own
+        pipeline."""
+        return tuple(self._nodes)
+
+    @property
     def commands(self) -> int:
         return self._retired_commands + sum(b.commands for b in self._nodes.values())
 
@@ -321,7 +327,7 @@ class ClusterRouter:
                         break
                     self.redirects["failover"] += 1
                 if source is not None:  # a script about to be sent again: SEEN as of now
-                    command = self._reseen(slot, command)
+                    command = self.reseen(slot, command)
             elif self.owners[slot] is None:
                 await self.refresh()
             target = asking or self.owners[slot]
@@ -344,8 +350,9 @@ class ClusterRouter:
             raise error
         raise NotRun(f"the cluster did not run the command: {type(error).__name__} {error}")
 
-    def _reseen(self, slot: int, command: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The script's trailer with the highest counter of the slot seen by now."""
+    def reseen(self, slot: int, command: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``command`` as it is sent again now: its trailer's SEEN raised to the highest
+        counter of ``slot`` seen by now (never lowered)."""
         i = len(command) - _SEEN_FROM_END
         seen = max(int(command[i]), self._seen.get(slot, 0))
         return (*command[:i], str(seen), *command[i + 1 :])

@@ -55,7 +55,7 @@ async def test_scripts_of_every_primary_go_out_one_batch_per_primary(
     # each primary got its own commands, batched: far fewer batches than commands
     assert router.commands - before_commands >= 48  # admit + record per effect
     assert router.batches - before_batches < router.commands - before_commands
-    assert len(router._nodes) >= 3 and router.redirects["moved"] == 0
+    assert len(router.pipelined_nodes) >= 3 and router.redirects["moved"] == 0
 
 
 async def test_init_writes_each_slot_marker_on_its_own_primary_and_quarantine_removes_them(
@@ -349,6 +349,6 @@ def test_a_resent_script_carries_the_slot_counter_seen_by_then() -> None:
     # the trailer: request id, memory, seen, audit key, tenant feed ('' on a Cluster)
     command = ("EVALSHA", "sha", 2, "k1", "k2", "arg", "rid", "60000", "5", "", "")
     seen[7] = 9
-    assert router._reseen(7, command) == (*command[:-3], "9", "", "")
+    assert router.reseen(7, command) == (*command[:-3], "9", "", "")
     seen[7] = 3  # never lowered below what the command already carried
-    assert router._reseen(7, command) == command
+    assert router.reseen(7, command) == command
