@@ -247,9 +247,30 @@ class EffectService:
         request id (the script answers what it answered the first time, or runs now), for up
         to the admit grace. If Redis still does not answer, a synchronous call is given up in
         Redis (:meth:`Store.void`: the admit, if it ran, held the step for a dispatch that
-        never started); an async call may have been queued, and the caller is told so.
+        never started); an async call may have been queued, and the caller is told so. A
+        request cancelled meanwhile gives a synchronous admit up the same way.
         """
         dispatch_id = new_request_id()
+        try:
+            return await self._admit_or_give_up(keys, step, payload_json, dispatch_id, kwargs)
+        except asyncio.CancelledError:
+            # the request was cancelled (a client gone, a shutdown) while the admit was on its
+            # way: if it ran, it holds the step for a dispatch that never starts. A sync call
+            # is given up as for a lost reply (an async one stays queued for the relay); the
+            # void's mark outlives any copy of the admit still on the wire (void-4).
+            if not payload_json:
+                self.dispatcher.void_later(keys, step, dispatch_id, None)
+                self.relay.wake()
+            raise
+
+    async def _admit_or_give_up(
+        self,
+        keys: JobKeys,
+        step: str,
+        payload_json: str,
+        dispatch_id: str,
+        kwargs: dict[str, Any],
+    ) -> AdmitVerdict:
         try:
             return await self._store.admit(
                 keys, step, payload_json=payload_json, dispatch_id=dispatch_id, **kwargs

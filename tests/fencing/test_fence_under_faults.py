@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -301,6 +302,37 @@ async def test_an_admit_given_up_is_released_not_left_unknown(
     body = await resp.json()
     assert resp.status == 503 and "nothing was sent" in body["detail"], body
     wire.heal()
+    view = await wait_for(gw, "s", {"released", "unknown"})
+    assert view["state"] == "released", view
+    assert upstream.received == []
+    ok = await gw.effect("r", "s", 1)
+    assert ok.status == 200, await ok.text()
+    assert len(upstream.received) == 1
+
+
+async def test_an_admit_whose_request_was_cancelled_releases_the_step(
+    make_gateway: Any, wire: WireProxy, upstream: Upstream
+) -> None:
+    """The request is cancelled while the admit's reply is on its way (the client hung up
+    under a server that cancels handlers, a shutdown): the admit ran and holds the step for
+    a dispatch that never starts. The gateway gives it up as for a lost reply — released,
+    known not delivered — so the worker's retry is performed at once, not told
+    ``effect_in_progress`` until the dispatch deadline."""
+    gw: Gateway = await make_gateway(
+        redis={"url": wire.url}, fencing={"dispatch_timeout_seconds": 30}
+    )
+    await register(gw, "r", 1)
+    held = wire.on_reply_to(b"zz-cancelled", "hold", seconds=1.0)
+    body = {"adapter": "hook", "operation": "send", "payload": {"to": "a@example.com"}}
+    headers = {**gw.headers, "Fencing-Token": "1", "Worker-Id": "zz-cancelled"}
+    with pytest.raises(asyncio.TimeoutError):
+        await gw.client.post(
+            "/v1/jobs/r/effects/s",
+            json=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=0.3),
+        )
+    assert held.fired.is_set()
     view = await wait_for(gw, "s", {"released", "unknown"})
     assert view["state"] == "released", view
     assert upstream.received == []
