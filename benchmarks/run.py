@@ -58,6 +58,7 @@ from benchmarks.peer.plan import Peer, missing, plan_for
 from gateway.runtime.settings import load_settings
 from gateway.store.embedded import EmbeddedRedis, free_port
 from gateway.store.keys import JobKeys, audit_feed
+from gateway.store.scripts import fenced_args
 from gateway.store.store import Store, connect
 
 T = TypeVar("T")
@@ -504,8 +505,8 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     await store.initialize(auto=False, confirm_data_loss=False)
     keys = JobKeys("default", f"floor-{secrets.token_hex(3)}")
     await store.register(keys, 1, None)
-    admit_sha, record_sha = store.link._shas["admit-6"], store.link._shas["record-3"]
-    checkpoint_sha = store.link._shas["checkpoint-3"]
+    shas = store.link.script_shas
+    admit_sha, record_sha, checkpoint_sha = shas["admit-6"], shas["record-3"], shas["checkpoint-3"]
 
     def trailer(rid: str) -> tuple[list[str], list[str]]:
         """The prelude's trailer every script call carries (see gateway/store/lua/_prelude.lua)."""
@@ -515,9 +516,10 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
         tk, ta = trailer(f"a{prefix}{i}")
         await client.evalsha(
             admit_sha, 8, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
-            keys.relayq, keys.needs, *tk, "1", "required", "0" * 64, "hook", "send",
-            f"a{prefix}{i}", "30000", "3600", "0", keys.job_id, f"{prefix}{i}", "", "default",
-            "", keys.member(f"{prefix}{i}"), "", *ta,
+            keys.relayq, keys.needs, *tk,
+            *fenced_args(keys, 1, "required", "", "3600", "", ""),
+            f"{prefix}{i}", "0" * 64, "hook", "send", f"a{prefix}{i}", "30000", "0", "",
+            keys.member(f"{prefix}{i}"), "", "", *ta,
         )  # fmt: skip
 
     async def record_raw(i: int) -> None:
@@ -536,9 +538,9 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     async def checkpoint_raw(i: int) -> None:  # the G5 row's script, without the gateway
         tk, ta = trailer(f"c{i}")
         await client.evalsha(
-            checkpoint_sha, 5, keys.job, keys.ckpt, keys.audit, *tk, "1", "required",
-            "progress", f'{{"of":{n},"page":{i}}}', "null", "", keys.job_id, "default", "3600",
-            "", "100", "", "256", *ta,
+            checkpoint_sha, 5, keys.job, keys.ckpt, keys.audit, *tk,
+            *fenced_args(keys, 1, "required", "", "3600", "", ""),
+            "progress", f'{{"of":{n},"page":{i}}}', "null", "100", "", "256", *ta,
         )  # fmt: skip
 
     rows.append(await measure("L1 raw EVALSHA checkpoint", n, concurrency, checkpoint_raw))

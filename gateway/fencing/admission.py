@@ -43,8 +43,9 @@ class AdmitCall:
 class Gate:
     """What :meth:`Admission.before` decided; handed back to :meth:`Admission.after`."""
 
-    # letters for admit-6's ARGV[18]: 'e' no new dispatch or queue entry, 'p' no new queue
-    # entry (the payload is then not sent to Redis), 'r' rejections answered but not audited
+    # the tenant's used-up quotas, letters: 'e' no new dispatch or queue entry, 'p' no new
+    # queue entry (the payload is then not sent to Redis), both admit-6's ARGV[19]; 'r'
+    # rejections answered but not audited (the fenced call's ARGV[8], includes/fence)
     closed: str = ""
     hold: Any = None  # the hook's own state between the two calls (a payload reservation)
 

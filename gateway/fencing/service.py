@@ -281,7 +281,7 @@ class EffectService:
             failure = exc
         # The admit was sent and not answered: it may have run. Once more, same request id and
         # the same bound (not when it ran and only its replicas did not acknowledge: that would
-        # only wait again). No copy of it runs after that bound (admit-6 ARGV[17]).
+        # only wait again). No copy of it runs after that bound (admit-6 ARGV[18]).
         run_before = failure.run_before_ms
         if not failure.unacknowledged:
             await asyncio.sleep(0.05)

@@ -28,6 +28,7 @@ from gateway.core.records import OutputRecord, OverQuota
 from gateway.store import replies
 from gateway.store.keys import JobKeys
 from gateway.store.link import RedisLink
+from gateway.store.scripts import fenced_args
 from gateway.store.store import Decisions
 
 __all__ = [
@@ -154,20 +155,15 @@ class JobState:
             keys,
             (keys.job, keys.ckpt, keys.audit),
             (
-                str(generation),
-                self._registration,
+                *fenced_args(
+                    keys, generation, self._registration, worker_id or "", self._retention, by, flag
+                ),
                 name,
                 value_json,
                 "null" if worker_id is None else json.dumps(worker_id),
-                worker_id or "",
-                keys.job_id,
-                keys.tenant,
-                self._retention,
-                by,
                 self._max_checkpoints,
                 "1" if closed else "",
                 self._overhead,
-                flag,
             ),
         )
         code = int(reply[0])
@@ -206,17 +202,12 @@ class JobState:
             keys,
             (keys.job, keys.outputs, keys.audit),
             (
-                str(generation),
-                self._registration,
+                *fenced_args(
+                    keys, generation, self._registration, worker_id or "", self._retention, by, flag
+                ),
                 body_sha,
                 result_json,
                 json.dumps(list(outputs)),
-                worker_id or "",
-                keys.job_id,
-                keys.tenant,
-                self._retention,
-                by,
-                flag,
             ),
             request_id=request_id,
         )

@@ -17,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.store.cluster import connect_cluster
 from gateway.store.driver import driver_info
+from gateway.store.keys import JobKeys
 
 SCRIPT_NAMES = (
     "admit-6",
@@ -77,6 +78,31 @@ def lua_source(name: str, lua: Traversable | None = None) -> str:
     pull(body, ())
     head = "\n".join((prelude, *included))
     return f"{head}\nreturn run_script(function()\n{body}\nend)\n"
+
+
+def fenced_args(
+    keys: JobKeys,
+    generation: int,
+    registration: str,
+    worker_id: str,
+    retention: str,
+    by: str,
+    unaudited: str,
+) -> tuple[str, str, str, str, str, str, str, str]:
+    """ARGV[1..8] of every fenced script, in the order ``includes/fence`` reads them
+    (``fenced_call``): the script's own arguments follow. ``registration``: 'required' |
+    'implicit'; ``by``: who calls ('' when not given); ``unaudited``: '1' when the tenant's
+    audited rejections are used up, else ''."""
+    return (
+        str(generation),
+        registration,
+        keys.job_id,
+        keys.tenant,
+        worker_id,
+        retention,
+        by,
+        unaudited,
+    )
 
 
 # Dispatch ids only have to be unique (they never leave the gateway: the admit hands one

@@ -79,7 +79,7 @@ from gateway.store.replies import (
     ResolveReply,
 )
 from gateway.store.router import ClusterRouter
-from gateway.store.scripts import connect, new_request_id
+from gateway.store.scripts import connect, fenced_args, new_request_id
 
 __all__ = [
     "Admitted",
@@ -238,16 +238,7 @@ class Decisions:
             "heartbeat-2",
             keys,
             (keys.job, keys.audit),
-            (
-                str(generation),
-                self._registration,
-                keys.job_id,
-                worker_id,
-                keys.tenant,
-                self._retention,
-                by,
-                flag,
-            ),
+            fenced_args(keys, generation, self._registration, worker_id, self._retention, by, flag),
         )
         if int(reply[0]) == Reply.REJECTED:
             self._link.rejection_spent(keys, "", flag, worker_id)
@@ -274,15 +265,11 @@ class Decisions:
             keys,
             (keys.job, keys.audit),
             (
-                str(generation),
-                self._registration,
-                keys.job_id,
-                worker_id,
-                keys.tenant,
-                self._retention,
+                *fenced_args(
+                    keys, generation, self._registration, worker_id, self._retention, "", flag
+                ),
                 step,
                 adapter,
-                flag,
             ),
         )
         if int(reply[0]) == Reply.REJECTED:
@@ -400,7 +387,8 @@ class Decisions:
         reply was lost), the admit answers what it answered the first time; ``run_before_ms``
         too (the first send's bound, see :meth:`RedisLink.run_bounded`: a copy arriving later
         does nothing).
-        ``closed``: the tenant's used-up quotas (admit-6's ARGV[18]) -> ``OverQuota``.
+        ``closed``: the tenant's used-up quotas (admit-6's ARGV[19]; 'r' is its ARGV[8]) ->
+        ``OverQuota``.
         """
         dispatch_id = dispatch_id or scripts.new_dispatch_id()
         reply = await self._link.run_bounded(
@@ -408,22 +396,24 @@ class Decisions:
             keys,
             (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
             (
-                str(generation),
-                self._registration,
+                *fenced_args(
+                    keys,
+                    generation,
+                    self._registration,
+                    worker_id,
+                    self._retention,
+                    by,
+                    "1" if "r" in closed else "",
+                ),
+                step,
                 intent_sha256,
                 adapter,
                 operation,
                 dispatch_id,
                 self._dispatch_timeout_ms,
-                self._retention,
                 "1" if resolvable else "0",
-                keys.job_id,
-                step,
-                worker_id,
-                keys.tenant,
                 payload_json,
                 keys.member(step),
-                by,
             ),
             dispatch_id,
             run_before_ms,
@@ -539,20 +529,15 @@ class Decisions:
             keys,
             (keys.job, keys.outputs, keys.audit),
             (
-                str(generation),
-                self._registration,
+                *fenced_args(
+                    keys, generation, self._registration, worker_id, self._retention, by, unaudited
+                ),
                 name,
                 object_key,
                 upload,
                 str(upload_ms),
                 "1" if presigned else "0",
-                keys.job_id,
-                keys.tenant,
-                worker_id,
-                self._retention,
                 content_type,
-                by,
-                unaudited,
             ),
         )
 
@@ -578,17 +563,15 @@ class Decisions:
             keys,
             (keys.job, keys.outputs, keys.audit),
             (
-                str(generation),
+                # the record never raises the fence, nor counts against the rejections quota
+                # (its stage did): mode 'required', every rejection audited
+                *fenced_args(keys, generation, "required", worker_id, self._retention, "", ""),
                 name,
                 upload,
                 str(size),
                 sha256,
                 content_type,
                 etag,
-                keys.job_id,
-                keys.tenant,
-                worker_id,
-                self._retention,
                 "abandon" if abandon else "record",
             ),
         )

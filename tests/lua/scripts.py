@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from gateway.store.keys import JobKeys
-from gateway.store.scripts import SCRIPT_NAMES, lua_source
+from gateway.store.scripts import SCRIPT_NAMES, fenced_args, lua_source
 
 JOB = JobKeys("t", "j")  # the job every Lua test calls the scripts for
 REQUEST_MEMORY_MS = 60_000
@@ -76,55 +76,63 @@ class Scripts:
         )
 
 
+def fenced(job: JobKeys, gen: int, mode: str) -> tuple[str, ...]:
+    """ARGV[1..8] of every fenced script, as the store sends them (worker 'w', by 'tester')."""
+    return fenced_args(job, gen, mode, "w", RETENTION, "tester", "")
+
+
 def admit(job: JobKeys, gen: int, mode: str, run_before: str = "") -> Call:
     step = "s"
     return (
         (job.job, job.effect(step), job.audit, job.steps, job.relayq, job.needs),
         (
-            str(gen), mode, "a" * 64, "hook", "send", f"d{next(_ids)}", "30000", RETENTION, "0",
-            job.job_id, step, "w", job.tenant, "", job.member(step), "tester", run_before,
+            *fenced(job, gen, mode),
+            step,
+            "a" * 64,
+            "hook",
+            "send",
+            f"d{next(_ids)}",
+            "30000",
+            "0",
+            "",
+            job.member(step),
+            run_before,
         ),
-    )  # fmt: skip
+    )
 
 
 def checkpoint(job: JobKeys, gen: int, mode: str) -> Call:
     return (
         (job.job, job.ckpt, job.audit),
-        (str(gen), mode, "c", "1", '"w"', "w", job.job_id, job.tenant, RETENTION, "tester",
-         "100", "", "256"),
-    )  # fmt: skip
+        (*fenced(job, gen, mode), "c", "1", '"w"', "100", "", "256"),
+    )
 
 
-def complete(job: JobKeys, gen: int, mode: str) -> Call:
+def complete(job: JobKeys, gen: int, mode: str, outputs: str = '["x"]') -> Call:
     """A completion naming an output nobody recorded: it completes nothing ({7}), but it
-    passes (or fails) the fence guard like any completion."""
+    passes (or fails) the fence guard like any completion. ``outputs``: the names, JSON."""
     return (
         (job.job, job.outputs, job.audit),
-        (str(gen), mode, "b" * 64, "null", '["x"]', "w", job.job_id, job.tenant, RETENTION,
-         "tester"),
-    )  # fmt: skip
+        (*fenced(job, gen, mode), "b" * 64, "null", outputs),
+    )
 
 
 def output_stage(job: JobKeys, gen: int, mode: str) -> Call:
     key = f"{job.tenant}/{job.job_id}/g{gen}/o"
     return (
         (job.job, job.outputs, job.audit),
-        (str(gen), mode, "o", key, f"u{next(_ids)}", "30000", "0", job.job_id, job.tenant, "w",
-         RETENTION, "text/plain", "tester"),
-    )  # fmt: skip
+        (*fenced(job, gen, mode), "o", key, f"u{next(_ids)}", "30000", "0", "text/plain"),
+    )
 
 
 def heartbeat(job: JobKeys, gen: int, mode: str) -> Call:
-    return (
-        (job.job, job.audit),
-        (str(gen), mode, job.job_id, "w", job.tenant, RETENTION, "tester"),
-    )
+    return ((job.job, job.audit), fenced(job, gen, mode))
 
 
 def check(job: JobKeys, gen: int, mode: str) -> Call:
     return (
         (job.job, job.audit),
-        (str(gen), mode, job.job_id, "w", job.tenant, RETENTION, "s", "hook", ""),
+        (*fenced_args(job, gen, mode, "w", RETENTION, "", ""), "s", "hook"),
     )
 
 
@@ -133,12 +141,11 @@ RECORDED_UPLOAD = "u-staged"  # the upload id of the entry :func:`stage_entry` w
 
 def output_record(job: JobKeys, gen: int, mode: str) -> Call:
     """The record of the upload :func:`stage_entry` staged for generation ``gen`` (the record
-    takes no registration mode: it never raises the fence)."""
+    never raises the fence: whatever ``mode`` says, above the fence is unregistered)."""
     return (
         (job.job, job.outputs, job.audit),
-        (str(gen), "o", RECORDED_UPLOAD, "5", "c" * 64, "text/plain", "e", job.job_id,
-         job.tenant, "w", RETENTION, "record"),
-    )  # fmt: skip
+        (*fenced(job, gen, mode), "o", RECORDED_UPLOAD, "5", "c" * 64, "text/plain", "e", "record"),
+    )
 
 
 def stage_entry(client: redis.Redis, job: JobKeys, gen: int) -> None:
@@ -176,6 +183,4 @@ FENCED: dict[str, Fenced] = {
 
 def complete_job(scripts: Scripts, job: JobKeys, gen: int) -> None:
     """Complete the job by generation ``gen`` (no outputs)."""
-    keys, args = complete(job, gen, "required")
-    args = (*args[:4], "[]", *args[5:])
-    assert scripts.run("complete-3", job, (keys, args))[0] == 0
+    assert scripts.run("complete-3", job, complete(job, gen, "required", "[]"))[0] == 0

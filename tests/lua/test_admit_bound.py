@@ -51,7 +51,7 @@ def test_a_void_keeps_a_remembered_reply_until_the_admits_bound(lua: Scripts) ->
     lives until the bound, so a copy still on the wire replays it and claims nothing."""
     run_before = now_ms() + 2 * REQUEST_MEMORY_MS
     keys, args = admit(JOB, 1, "required", run_before=str(run_before))
-    args = (*args[:5], "d2", *args[6:])  # the dispatch id is the request id
+    args = (*args[:12], "d2", *args[13:])  # the dispatch id is the request id
     ran = lua.run("admit-6", JOB, (keys, args), request_id="d2")
     assert ran[0] == 0
     assert void(lua, "d2", str(run_before)) == [0, "released"]
@@ -64,7 +64,7 @@ def test_a_void_of_an_admit_that_ran_but_is_forgotten_marks_it_void(lua: Scripts
     """The admit ran and its remembered reply expired: the void releases the step (it holds
     it under its dispatch id) and marks the request void, so a late copy does nothing."""
     keys, args = admit(JOB, 1, "required")
-    args = (*args[:5], "d3", *args[6:])
+    args = (*args[:12], "d3", *args[13:])
     assert lua.run("admit-6", JOB, (keys, args), request_id="d3")[0] == 0
     lua.client.delete(JOB.req("d3"))
     assert void(lua, "d3", "") == [0, "released"]
@@ -74,7 +74,7 @@ def test_a_void_of_an_admit_that_ran_but_is_forgotten_marks_it_void(lua: Scripts
 
 def test_a_relay_claim_past_its_bound_does_nothing(lua: Scripts) -> None:
     keys, args = admit(JOB, 1, "required")
-    args = (*args[:13], '{"to":"a"}', *args[14:])  # async: queued for the relay
+    args = (*args[:15], '{"to":"a"}', *args[16:])  # async: queued for the relay
     assert lua.run("admit-6", JOB, (keys, args))[0] == 4
     claim_keys = (JOB.effect("s"), JOB.job, JOB.audit, JOB.relayq, JOB.needs)
     claim = ["c1", "30000", RETENTION, JOB.member("s"), JOB.job_id, "s", JOB.tenant]

@@ -84,7 +84,7 @@ def test_a_rejection_outside_a_fence_guard_is_copied_too(lua: Scripts) -> None:
 
 def test_a_superseded_pending_step_is_copied_to_the_feed(lua: Scripts) -> None:
     keys, args = admit(JOB, 1, "required")
-    queued = (keys, (*args[:13], '{"to":"a"}', *args[14:]))  # async: pending, queued
+    queued = (keys, (*args[:15], '{"to":"a"}', *args[16:]))  # async: pending, queued
     assert lua.run("admit-6", JOB, queued, feed=FEED)[0] == 4
     lua.register(JOB, 2)
     reply = lua.run("admit-6", JOB, admit(JOB, 2, "required"), feed=FEED)

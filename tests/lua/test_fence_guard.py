@@ -3,9 +3,9 @@ checkpoint-3, complete-3, output-stage-3, output-record-3, heartbeat-2) against 
 -- the current generation, a job never registered, below the fence, above it, cancelled,
 completed, the lease expired -- on a real Redis: the same reason codes, the same audit entries
 (both generations), the same implicit raise. The fence guard (``lua/includes/fence.lua``) is
-what all but output-record-3 run; the record's own checks differ where its header says (no
-registration mode, no lease, completion before the fence), and the tables below name each
-difference."""
+what every one of them runs, with its check order an explicit parameter; where a script's
+answers differ (output-record-3 never raises the fence and checks no lease; the order of
+the completion check), the tables below name each difference."""
 
 from __future__ import annotations
 

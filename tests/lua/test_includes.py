@@ -104,6 +104,7 @@ SHARED = {  # each shared function: the include that defines it
     "feed_copy": "feed",
     "reject_call": "reject",
     "fence_guard": "fence",
+    "fenced_call": "fence",
 }
 
 

@@ -162,11 +162,7 @@ JOB_TAKEOVER = JOBS[0]
     [
         ("checkpoint-3", GUARD_STALE, ("I-fenced-write", "below the fence: checkpoint")),
         ("output-stage-3", GUARD_STALE, ("I-fenced-write", "below the fence: output stage")),
-        (
-            "output-record-3",
-            "if gen < fence then return reject('stale_generation') end",
-            ("I-fenced-write", "below the fence: output record"),
-        ),
+        ("output-record-3", GUARD_STALE, ("I-fenced-write", "below the fence: output record")),
         ("complete-3", GUARD_STALE, ("I-fenced-write", "below the fence: completion")),
         ("heartbeat-2", GUARD_STALE, ("I-current", "heartbeat-2: not the fence's generation")),
     ],

@@ -7,29 +7,28 @@
     KEYS[2] effect hash       fg:{t/j}:fx:<step>
     KEYS[3] job audit stream  fg:{t/j}:audit
     KEYS[4] job steps set     fg:{t/j}:steps
-    KEYS[5] relay queue of this slot  fg:rq:{<s>}   (member: ARGV[15])
-    KEYS[6] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[15])
-    ARGV[1]  generation presented (decimal)
-    ARGV[2]  registration mode: 'required' | 'implicit'
-    ARGV[3]  intent sha256 (hex)
-    ARGV[4]  adapter name
-    ARGV[5]  operation
-    ARGV[6]  dispatch id (= this call's request id; proves ownership of the step to record)
-    ARGV[7]  dispatch timeout, ms
-    ARGV[8]  retention, seconds (effect records, steps set, audit stream)
-    ARGV[9]  '1' when the adapter can resolve an unknown outcome (lookup or dedupes_by_key)
-    ARGV[10] job id   ARGV[11] step   ARGV[12] worker id ('' if none)   ARGV[13] tenant
-    ARGV[14] '' for a synchronous call; the payload JSON for an async call (Prefer:
+    KEYS[5] relay queue of this slot  fg:rq:{<s>}   (member: ARGV[17])
+    KEYS[6] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[17])
+    ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant,
+             worker id, retention (effect records, steps set, audit stream), who calls,
+             rejections unaudited
+    ARGV[9]  step
+    ARGV[10] intent sha256 (hex)
+    ARGV[11] adapter name
+    ARGV[12] operation
+    ARGV[13] dispatch id (= this call's request id; proves ownership of the step to record)
+    ARGV[14] dispatch timeout, ms
+    ARGV[15] '1' when the adapter can resolve an unknown outcome (lookup or dedupes_by_key)
+    ARGV[16] '' for a synchronous call; the payload JSON for an async call (Prefer:
              respond-async): the intent is recorded 'pending' and queued for a relay
-    ARGV[15] the relay queue member of this step (JSON [tenant, job, step])
-    ARGV[16] who calls (the key's name, else its role): recorded with an implicit registration
-    ARGV[17] run before, ms on Redis's clock ('' for no bound): arriving later, the admit does
+    ARGV[17] the relay queue member of this step (JSON [tenant, job, step])
+    ARGV[18] run before, ms on Redis's clock ('' for no bound): arriving later, the admit does
              nothing ({11}); the gateway gives an admit up only after this, and its void
              marker lives until this at least (void-4)
-    ARGV[18] the tenant's quotas that are used up (gateway.fencing.quotas), letters: 'e' no new
+    ARGV[19] the tenant's quotas that are used up (gateway.fencing.quotas), letters: 'e' no new
              dispatch or queue entry (effects_per_window), 'p' no new queue entry
-             (payload_bytes; ARGV[14] is then a placeholder, never stored), 'r' a rejection
-             is answered but not audited (rejections_per_window); '' none
+             (payload_bytes; ARGV[16] is then a placeholder, never stored); '' none (a
+             rejection answered but not audited is ARGV[8])
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
@@ -43,10 +42,10 @@
     {5, field, value, ...}   async repeat: the relay has the step already (pending or dispatching)
     {9, reason, presented, current, audit_id, pinned_sha}   rejected and audited
     {10}                     voided: the gateway gave this request up before it ran
-    {11, now_ms}             too late: it arrived after ARGV[17]; nothing was done
+    {11, now_ms}             too late: it arrived after ARGV[18]; nothing was done
     {12, quota, registered_audit_id}
                              the call would pin, queue or claim the step and that quota is
-                             used up (ARGV[18]): nothing changed (but an implicit raise)
+                             used up (ARGV[19]): nothing changed (but an implicit raise)
 
   A completed job (field 'completed' of the job hash, see complete-3.lua) takes no new
   dispatch from any generation: a call that would pin, queue or claim the step is
@@ -63,7 +62,7 @@
   (mode 'implicit'); at the fence, an expired lease is rejected.
 
   Implicit registration mode raises the fence to a higher generation presented: that is a
-  registration, recorded in the job's audit chain ('event' = 'registered', by ARGV[16]);
+  registration, recorded in the job's audit chain ('event' = 'registered', by ARGV[7]);
   registered_audit_id names it ('' when nothing was registered; the replies carrying the
   effect record leave it out, the job's next audit entry anchors it).
   Every state change of the step updates the slot's "needs a decision" index (index()).
@@ -72,16 +71,13 @@
 --- @include "includes/fence"
 local gen = tonumber(ARGV[1])
 local now = now_ms()
--- sent too late to run (ARGV[17]): the gateway may have given it up, and its void marker
+-- sent too late to run (ARGV[18]): the gateway may have given it up, and its void marker
 -- is only guaranteed to live until then; nothing is done, nothing remembered
-local run_before = tonumber(ARGV[17] or '')
+local run_before = tonumber(ARGV[18] or '')
 if run_before and now > run_before then return {11, fmt(now)} end
-local member = ARGV[15]
-local closed = ARGV[18] or ''
-local call = {job = KEYS[1], stream = KEYS[3], retention = ARGV[8], now = now,
-  tenant = ARGV[13], job_id = ARGV[10], step = ARGV[11], presented = ARGV[1],
-  worker_id = ARGV[12], adapter = ARGV[4], mode = ARGV[2], by = ARGV[16] or '',
-  unaudited = string.find(closed, 'r', 1, true) ~= nil}
+local member = ARGV[17]
+local closed = ARGV[19] or ''
+local call = fenced_call(ARGV, KEYS[1], KEYS[3], ARGV[9], ARGV[11], now)
 local g = fence_guard(call, {'cancelled', 'stale'})
 if g.reply then return g.reply end
 local fence = g.fence
@@ -126,9 +122,9 @@ local function effect_record()
 end
 
 local function touch()
-  redis.call('EXPIRE', KEYS[2], ARGV[8])
-  redis.call('SADD', KEYS[4], ARGV[11])
-  redis.call('EXPIRE', KEYS[4], ARGV[8])
+  redis.call('EXPIRE', KEYS[2], ARGV[6])
+  redis.call('SADD', KEYS[4], ARGV[9])
+  redis.call('EXPIRE', KEYS[4], ARGV[6])
 end
 
 -- adds to names the fields of the effect hash present now, of those named (as read, or as
@@ -150,11 +146,11 @@ local function claim(resolving)
   if completed() then return reject('job_completed') end
   local quota = over(false)
   if quota then return refuse(quota) end
-  local deadline = now + tonumber(ARGV[7])
+  local deadline = now + tonumber(ARGV[14])
   -- one write of the step: attempts counted from the hash as read (this script is atomic)
-  local fields = created({'state', 'dispatching', 'intent_sha256', ARGV[3],
-    'adapter', ARGV[4], 'operation', ARGV[5], 'dispatch_id', ARGV[6],
-    'deadline', fmt(deadline), 'updated_at', fmt(now), 'worker_id', ARGV[12],
+  local fields = created({'state', 'dispatching', 'intent_sha256', ARGV[10],
+    'adapter', ARGV[11], 'operation', ARGV[12], 'dispatch_id', ARGV[13],
+    'deadline', fmt(deadline), 'updated_at', fmt(now), 'worker_id', ARGV[5],
     'resolving', resolving})
   local gone = {}
   if resolving == '0' then
@@ -174,14 +170,14 @@ local function claim(resolving)
   if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
   index(KEYS[6], member, 'dispatching', fmt(deadline))
   touch()
-  return done({0, ARGV[6], fmt(fence), fmt(deadline), resolving, superseded, registered})
+  return done({0, ARGV[13], fmt(fence), fmt(deadline), resolving, superseded, registered})
 end
 
 local function enqueue()
   if completed() then return reject('job_completed') end
-  redis.call('HSET', KEYS[2], unpack(created({'state', 'pending', 'intent_sha256', ARGV[3],
-    'adapter', ARGV[4], 'operation', ARGV[5], 'payload', ARGV[14], 'payload_sha', ARGV[3],
-    'relay', '1', 'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[12]})))
+  redis.call('HSET', KEYS[2], unpack(created({'state', 'pending', 'intent_sha256', ARGV[10],
+    'adapter', ARGV[11], 'operation', ARGV[12], 'payload', ARGV[16], 'payload_sha', ARGV[10],
+    'relay', '1', 'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[5]})))
   local gone = present({}, 'result', 'error', 'dispatch_id', 'deadline', 'resolving')
   if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
   redis.call('ZADD', KEYS[5], now, member)
@@ -191,41 +187,41 @@ local function enqueue()
 end
 
 local function pin()
-  if ARGV[14] ~= '' then return enqueue() end
+  if ARGV[16] ~= '' then return enqueue() end
   return claim('0')
 end
 
 if not state then
   if completed() then return reject('job_completed') end
-  local quota = over(ARGV[14] ~= '')
+  local quota = over(ARGV[16] ~= '')
   if quota then return refuse(quota) end
   return pin()  -- created_at: written with the pin (state is nil)
 end
 -- released: known not delivered; the current generation may re-pin the step
 if state == 'released' then
-  local quota = over(ARGV[14] ~= '')
+  local quota = over(ARGV[16] ~= '')
   if quota then return refuse(quota) end
   return pin()
 end
 
 if state == 'pending' and (tonumber(fx[5]) or 0) < gen then
   if completed() then return reject('job_completed') end
-  local quota = over(ARGV[14] ~= '')
+  local quota = over(ARGV[16] ~= '')
   if quota then return refuse(quota) end
   -- queued by an older generation and never claimed: nothing was sent. Supersede it.
-  local entry = {'step', ARGV[11], 'reason', 'superseded', 'presented', fx[5] or '',
+  local entry = {'step', ARGV[9], 'reason', 'superseded', 'presented', fx[5] or '',
     'current', fmt(fence), 'worker_id', fx[8] or '', 'adapter', fx[9] or ''}
-  superseded = audit(KEYS[3], KEYS[1], ARGV[8], now,
-    {'tenant', ARGV[13], 'job_id', ARGV[10], unpack(entry)}, g.known)
+  superseded = audit(KEYS[3], KEYS[1], ARGV[6], now,
+    {'tenant', ARGV[4], 'job_id', ARGV[3], unpack(entry)}, g.known)
   feed_copy(call, superseded, entry)
   return pin()
 end
 
-if fx[2] ~= ARGV[3] then return reject('intent_mismatch', fx[2]) end
+if fx[2] ~= ARGV[10] then return reject('intent_mismatch', fx[2]) end
 
 if state == 'pending' then
   -- the relay has it: an async repeat is accepted again, a sync call waits
-  if ARGV[14] ~= '' then return answer({5, unpack(effect_record())}) end
+  if ARGV[16] ~= '' then return answer({5, unpack(effect_record())}) end
   return answer({2, '1000', registered})
 end
 
@@ -236,7 +232,7 @@ if state == 'dispatching' then
     -- the relay holds it: an async repeat of the same generation is accepted again; a
     -- newer generation's call (its dispatch may end released, then superseded) and a
     -- sync holder: wait
-    if ARGV[14] ~= '' and fx[6] == '1' and tonumber(fx[5]) == gen then
+    if ARGV[16] ~= '' and fx[6] == '1' and tonumber(fx[5]) == gen then
       return answer({5, unpack(effect_record())})
     end
     return answer({2, fmt(deadline - now), registered})
@@ -255,7 +251,7 @@ if state == 'dispatching' then
 end
 
 if state == 'unknown' then
-  if ARGV[9] == '1' then return claim('1') end
+  if ARGV[15] == '1' then return claim('1') end
   local reply = {3, unpack(effect_record())}
   if marked then return done(reply) end
   return answer(reply)

@@ -8,17 +8,11 @@
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] outputs hash      fg:{t/j}:outputs  (field <generation>/<name> -> JSON record)
     KEYS[3] job audit stream  fg:{t/j}:audit
-    ARGV[1] generation presented (decimal)
-    ARGV[2] registration mode: 'required' | 'implicit'
-    ARGV[3] sha256 of the canonical request body (hex): a repeat with the same body replays
-    ARGV[4] result, canonical JSON ('null' for none)
-    ARGV[5] output names, a JSON array of strings (checked by the gateway: names, unique)
-    ARGV[6] worker id ('' if none, for the audit entry)
-    ARGV[7] job id   ARGV[8] tenant   ARGV[9] retention, seconds
-    ARGV[10] who calls (the key's name, else its role; '' when not given): recorded with an
-             implicit registration (the fence raised in implicit mode: 'event' = 'registered')
-    ARGV[11] '1': the tenant's audited rejections are used up (quotas.rejections_per_window):
-             a rejection is answered ({9, …} with audit_id ''), not audited
+    ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant, worker id,
+            retention, who calls, rejections unaudited
+    ARGV[9]  sha256 of the canonical request body (hex): a repeat with the same body replays
+    ARGV[10] result, canonical JSON ('null' for none)
+    ARGV[11] output names, a JSON array of strings (checked by the gateway: names, unique)
 
   The job hash's field 'completed' (written as text, never re-encoded by Lua):
     {"generation":g,"at_ms":ms,"result":<json>,"outputs":{"<name>":{"generation":g,
@@ -44,17 +38,14 @@ local function replay()
   local completed = redis.call('HGET', KEYS[1], 'completed')
   local by = string.match(completed, '^{"generation":(%d+),')
   local sha = string.match(completed, ',"body_sha":"(%x+)"}$')
-  if by == ARGV[1] and sha == ARGV[3] then return {1, completed} end
+  if by == ARGV[1] and sha == ARGV[9] then return {1, completed} end
   return nil  -- completed by another generation, or with another body: job_completed
 end
-local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[9], now = now,
-  tenant = ARGV[8], job_id = ARGV[7], step = 'job:complete', presented = ARGV[1],
-  worker_id = ARGV[6], adapter = '', mode = ARGV[2], by = ARGV[10] or '',
-  unaudited = ARGV[11] == '1'},
-  {'cancelled', 'stale', 'completed'}, replay)
+local call = fenced_call(ARGV, KEYS[1], KEYS[3], 'job:complete', '', now)
+local g = fence_guard(call, {'cancelled', 'stale', 'completed'}, replay)
 if g.reply then return g.reply end
 
-local names = cjson.decode(ARGV[5])
+local names = cjson.decode(ARGV[11])
 local missing = {}
 local promoted = {}
 for i = 1, #names do
@@ -80,8 +71,8 @@ if #missing > 0 then
   return reply
 end
 
-local completed = '{"generation":' .. ARGV[1] .. ',"at_ms":' .. fmt(now) .. ',"result":' .. ARGV[4] ..
-  ',"outputs":{' .. table.concat(promoted, ',') .. '},"body_sha":"' .. ARGV[3] .. '"}'
+local completed = '{"generation":' .. ARGV[1] .. ',"at_ms":' .. fmt(now) .. ',"result":' .. ARGV[10] ..
+  ',"outputs":{' .. table.concat(promoted, ',') .. '},"body_sha":"' .. ARGV[9] .. '"}'
 redis.call('HSET', KEYS[1], 'completed', completed)
 redis.call('PERSIST', KEYS[1])  -- a completion never expires
 return done({0, completed})

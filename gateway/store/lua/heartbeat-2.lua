@@ -4,13 +4,8 @@
   Input (the prelude's trailer follows):
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] job audit stream  fg:{t/j}:audit
-    ARGV[1] generation presented (decimal)
-    ARGV[2] registration mode: 'required' | 'implicit'
-    ARGV[3] job id   ARGV[4] worker id ('' if none)   ARGV[5] tenant
-    ARGV[6] retention, seconds
-    ARGV[7] who calls (the key's name, else its role): recorded with an implicit registration
-    ARGV[8] '1': the tenant's audited rejections are used up (quotas.rejections_per_window):
-            a rejection is answered ({9, …} with audit_id ''), not audited
+    ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant, worker id,
+            retention, who calls, rejections unaudited
 
   The fence guard (includes/fence), in order: cancelled, stale, completed, then above the
   fence unregistered (mode 'required') or the raise (mode 'implicit': the fence is the
@@ -28,11 +23,9 @@
 --- @include "includes/fence"
 local now = now_ms()
 -- a completed job needs no lease: the worker is told to stop, like a stale one
-local g = fence_guard({job = KEYS[1], stream = KEYS[2], retention = ARGV[6], now = now,
-  tenant = ARGV[5], job_id = ARGV[3], step = '', presented = ARGV[1], worker_id = ARGV[4],
-  adapter = '', mode = ARGV[2], by = ARGV[7] or '', lease_ms = true,
-  unaudited = ARGV[8] == '1'},
-  {'cancelled', 'stale', 'completed'})
+local call = fenced_call(ARGV, KEYS[1], KEYS[2], '', '', now)
+call.lease_ms = true
+local g = fence_guard(call, {'cancelled', 'stale', 'completed'})
 if g.reply then return g.reply end
 -- raised just now: a new generation has no lease until it registers one
 if g.raised then return done({0, fmt(g.fence), '0', g.registered}) end

@@ -6,19 +6,14 @@
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] outputs hash      fg:{t/j}:outputs   (field '<generation>/<name>' -> JSON entry)
     KEYS[3] job audit stream  fg:{t/j}:audit
-    ARGV[1]  generation presented (decimal)
-    ARGV[2]  registration mode: 'required' | 'implicit'
-    ARGV[3]  output name   ARGV[4] object key ('<tenant>/<job>/g<generation>/<name>')
-    ARGV[5]  upload id (unique per stage; the record must present it)
-    ARGV[6]  how long the upload may take, ms (the gateway cuts its own upload at this
+    ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant, worker id,
+             retention (audit stream), who calls, rejections unaudited
+    ARGV[9]  output name   ARGV[10] object key ('<tenant>/<job>/g<generation>/<name>')
+    ARGV[11] upload id (unique per stage; the record must present it)
+    ARGV[12] how long the upload may take, ms (the gateway cuts its own upload at this
              deadline; a presigned URL expires then)
-    ARGV[7]  '1' for a presigned upload (the bytes bypass the gateway), else '0'
-    ARGV[8]  job id   ARGV[9] tenant   ARGV[10] worker id ('' if none)
-    ARGV[11] retention, seconds (audit stream)   ARGV[12] declared content type
-    ARGV[13] who calls (the key's name, else its role; '' when not given): recorded with an
-             implicit registration (the fence raised in implicit mode: 'event' = 'registered')
-    ARGV[14] '1': the tenant's audited rejections are used up (quotas.rejections_per_window):
-             a rejection is answered ({9, …} with audit_id ''), not audited
+    ARGV[13] '1' for a presigned upload (the bytes bypass the gateway), else '0'
+    ARGV[14] declared content type
 
   Output:
     {0, fence, deadline_ms}                     staged: write the bytes now
@@ -33,14 +28,11 @@
 ]]
 --- @include "includes/fence"
 local now = now_ms()
-local g = fence_guard({job = KEYS[1], stream = KEYS[3], retention = ARGV[11], now = now,
-  tenant = ARGV[9], job_id = ARGV[8], step = 'output:' .. ARGV[3], presented = ARGV[1],
-  worker_id = ARGV[10], adapter = '', mode = ARGV[2], by = ARGV[13] or '',
-  unaudited = ARGV[14] == '1'},
-  {'cancelled', 'completed', 'stale'})
+local call = fenced_call(ARGV, KEYS[1], KEYS[3], 'output:' .. ARGV[9], '', now)
+local g = fence_guard(call, {'cancelled', 'completed', 'stale'})
 if g.reply then return g.reply end
 
-local field = ARGV[1] .. '/' .. ARGV[3]
+local field = ARGV[1] .. '/' .. ARGV[9]
 local prior = redis.call('HGET', KEYS[2], field)
 if prior then
   local p = cjson.decode(prior)
@@ -53,11 +45,11 @@ if prior then
   end
 end
 
-local deadline = now + tonumber(ARGV[6])
+local deadline = now + tonumber(ARGV[12])
 local entry = {
-  state = 'staged', key = ARGV[4], size = 0, sha256 = '', content_type = ARGV[12],
-  staged_ms = now, recorded_ms = 0, presigned = ARGV[7] == '1', upload = ARGV[5],
-  deadline = deadline, etag = '', worker_id = ARGV[10],
+  state = 'staged', key = ARGV[10], size = 0, sha256 = '', content_type = ARGV[14],
+  staged_ms = now, recorded_ms = 0, presigned = ARGV[13] == '1', upload = ARGV[11],
+  deadline = deadline, etag = '', worker_id = ARGV[5],
 }
 redis.call('HSET', KEYS[2], field, cjson.encode(entry))
 return done({0, fmt(g.fence), fmt(deadline)})

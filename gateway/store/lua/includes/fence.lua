@@ -1,13 +1,16 @@
 --- @include "includes/reject"
 --[[
   The fence guard of every fenced call (admit-6, checkpoint-3, complete-3, output-stage-3,
-  heartbeat-2, check-2): the same checks, the same implicit raise, the same audited rejection.
+  output-record-3, heartbeat-2, check-2): the same checks, the same implicit raise, the same
+  audited rejection.
 
     local g = fence_guard(call, order, on_completed)
     if g.reply then return g.reply end
 
-  call: the call's identity (see includes/reject), plus
+  call: the call's identity (fenced_call; see includes/reject), plus
     lease_ms  true: the script needs the job's lease_ms (g.lease_ms; heartbeat-2)
+    leaseless  true: the lease is not checked (output-record-3: its stage checked it, and a
+          lease that ran out without a new generation leaves the fence where it was)
     mode  'required' | 'implicit' (fencing.registration)
     by    who calls (the key's name, else its role): recorded with an implicit raise
     unaudited  true: a rejection is answered ({9, ..., audit_id ''}) but not audited (the
@@ -33,7 +36,7 @@
         The raise is a registration in the job's audit chain: 'event' = 'registered',
         generation, previous, by, 'mode' = 'implicit', worker_id.
     presented equal to the fence: its lease ran out (lease_exp > 0 and Redis TIME at or
-      past it)                               -> lease_expired
+      past it; not checked when leaseless)   -> lease_expired
 
   g.reply       nil when the call passed; else the answer (a rejection, through done())
   g.fence       the fence after the guard (a number; the presented generation when raised)
@@ -47,6 +50,30 @@
                 it, else with HEXISTS when first asked (the script has not written it yet)
   g.reject(reason, pinned)   an audited rejection of this call, later in the script
 ]]
+--[[
+  The leading arguments of every fenced script, in this order (the store builds them once,
+  gateway.store.scripts.fenced_args); the script's own arguments follow from ARGV[9]:
+
+    ARGV[1] generation presented (decimal)
+    ARGV[2] registration mode: 'required' | 'implicit'
+    ARGV[3] job id   ARGV[4] tenant   ARGV[5] worker id ('' if none)
+    ARGV[6] retention, seconds (the audit stream, and what the script stores)
+    ARGV[7] who calls (the key's name, else its role; '' when not given): recorded with an
+            implicit registration
+    ARGV[8] '1': the tenant's audited rejections are used up (quotas.rejections_per_window):
+            a rejection is answered ({9, ...} with audit_id ''), not audited; '' otherwise
+
+    local call = fenced_call(ARGV, KEYS[1], stream, step, adapter, now)
+
+  The call's identity (includes/reject) from them: `job` the job hash key (KEYS[1] in every
+  fenced script), `stream` its audit stream key, `now` Redis TIME in ms (a number).
+]]
+local function fenced_call(args, job, stream, step, adapter, now)
+  return {job = job, stream = stream, retention = args[6], now = now, tenant = args[4],
+    job_id = args[3], step = step, presented = args[1], worker_id = args[5],
+    adapter = adapter, mode = args[2], by = args[7], unaudited = args[8] == '1'}
+end
+
 local function fence_guard(call, order, on_completed)
   -- the job hash, read once, with what the checks in `order` and the script need of it
   -- (each field read costs a replay too: the rest is read when asked)
@@ -118,7 +145,7 @@ local function fence_guard(call, order, on_completed)
       g.raised = true
       g.lease_exp = 0
     end
-  elseif g.lease_exp > 0 and call.now >= g.lease_exp then
+  elseif not call.leaseless and g.lease_exp > 0 and call.now >= g.lease_exp then
     g.reply = g.reject('lease_expired')
   end
   return g
