@@ -53,6 +53,15 @@ from gateway.store.scripts import MARKER_MISSING, SCRIPT_NAMES, UNINITIALISED, l
 
 T = TypeVar("T")
 READY_PROBE = "fg:readyz:probe"  # /readyz's probe write (10 s TTL)
+# the witness raise: INCR and EXPIRE of KEYS[2] only while KEYS[1] (the marker) still reads
+# ARGV[1]; -1 when it does not
+_WITNESS_RAISE = (
+    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end "
+    "local v = redis.call('INCR', KEYS[2]) "
+    "redis.call('EXPIRE', KEYS[2], ARGV[2]) "
+    "return v"
+)
+
 # a data dir's witness key outlives its last tick by this long (a data dir gone for good
 # leaves no key behind); a data dir away for longer starts a new count (RedisLink.witness)
 WITNESS_TTL = 7 * 86_400
@@ -474,8 +483,18 @@ class RedisLink:
         base = int(hashlib.sha1(raw.encode(), usedforsecurity=False).hexdigest()[:15], 16)
         before = self.slot_seen.witness(base)
         key = witness(format(base, "x"), self.host_id)
-        value = int(await self.guard(lambda: self._batcher.execute("INCR", key)))
-        await self.guard(lambda: self._batcher.execute("EXPIRE", key, str(WITNESS_TTL)))
+        # raised only next to the marker read above, in one step: a Redis flushed or
+        # re-initialised since that read must not get a witness key (a wiped Redis stays
+        # empty, reported as wiped, not as quarantined)
+        value = int(
+            await self.guard(
+                lambda: self._batcher.execute(
+                    "EVAL", _WITNESS_RAISE, "2", MARKER, key, raw, str(WITNESS_TTL)
+                )
+            )
+        )
+        if value < 0:
+            return True  # the marker changed under us: the next tick witnesses the new one
         if value > before:
             self.slot_seen.record_witness(base, value)
             return True

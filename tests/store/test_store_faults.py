@@ -17,7 +17,9 @@ from gateway.http.app import create_app
 from gateway.store.embedded import EmbeddedRedis, free_port
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store, connect
+from gateway.http import appkeys as K
 from tests.conftest import Gateway, Upstream, gateway_settings
+from tests.support.wire import WireProxy
 
 
 async def problem_code(resp: Any) -> tuple[int, str]:
@@ -94,6 +96,25 @@ async def test_wiped_redis_fails_closed_until_confirmed_init(
     await client.aclose()
     assert (await gw.client.get("/readyz")).status == 200
     assert (await gw.register("r", generation=6)).status == 201
+
+
+async def test_a_flush_between_the_witness_reading_the_marker_and_raising_leaves_redis_wiped(
+    make_gateway: Any, wire: WireProxy, redis_sync: Any
+) -> None:
+    """The witness raises its counter only next to the marker it read: Redis flushed after
+    that read gets no witness key, so it stays empty and reads as wiped, not quarantined."""
+    gw: Gateway = await make_gateway(redis={"url": wire.url, "marks_interval_seconds": 3600})
+    store: Store = gw.app[K.STORE]
+    assert (await gw.register("r", generation=1)).status == 201
+    assert await store.witness() is True
+    held = wire.on_reply_to(b"GET\r\n$9\r\nfg:marker\r\n", "hold", 0.5)
+    tick = asyncio.create_task(store.witness())
+    await asyncio.wait_for(held.fired.wait(), 5)  # Redis answered the read; the reply waits
+    redis_sync.flushall()
+    assert await tick is True
+    assert redis_sync.dbsize() == 0
+    body = await (await gw.client.get("/readyz")).json()
+    assert (body["cause"], body["marker"]) == ("marker_missing", "wiped")
 
 
 async def test_partial_loss_of_one_slot_fails_closed_for_that_job_only(
