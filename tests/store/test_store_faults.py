@@ -13,11 +13,11 @@ import redis
 from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
+from gateway.http import appkeys as K
 from gateway.http.app import create_app
 from gateway.store.embedded import EmbeddedRedis, free_port
 from gateway.store.keys import JobKeys
 from gateway.store.store import Store, connect
-from gateway.http import appkeys as K
 from tests.conftest import Gateway, Upstream, gateway_settings
 from tests.support.wire import WireProxy
 
