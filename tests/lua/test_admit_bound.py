@@ -9,7 +9,7 @@ import pytest
 
 from tests.lua.scripts import JOB, REQUEST_MEMORY_MS, RETENTION, Scripts, admit
 
-pytestmark = pytest.mark.usefixtures("job_registered")
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("job_registered")]
 
 
 def now_ms() -> int:

@@ -15,7 +15,7 @@ RECORD = {
 }  # fmt: skip
 
 
-pytestmark = pytest.mark.usefixtures("job_registered")
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("job_registered")]
 
 
 def hash_reads(client: redis.Redis) -> dict[str, int]:

@@ -14,7 +14,7 @@ from tests.lua.scripts import FENCED, JOB, Scripts, admit
 
 FEED = audit_feed(JOB.tenant)
 
-pytestmark = pytest.mark.usefixtures("job_registered")
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("job_registered")]
 
 
 def feed(lua: Scripts) -> list[tuple[str, dict[str, str]]]:

@@ -16,6 +16,8 @@ import pytest
 
 from tests.lua.scripts import FENCED, JOB, Scripts, complete_job, heartbeat
 
+pytestmark = pytest.mark.fast
+
 
 def call(lua: Scripts, name: str, gen: int, mode: str = "required") -> list[Any]:
     spec = FENCED[name]

@@ -11,6 +11,8 @@ import pytest
 
 from gateway.store.scripts import SCRIPT_NAMES, ScriptSourceError, lua_source
 
+pytestmark = pytest.mark.fast
+
 LUA = Path(__file__).resolve().parents[2] / "gateway" / "store" / "lua"
 FENCED = ("admit-6", "checkpoint-3", "complete-3", "output-stage-3", "heartbeat-2", "check-2")
 

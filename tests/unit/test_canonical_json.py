@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.intents import canonical_json
+
+pytestmark = pytest.mark.fast
 
 keys = st.text(max_size=6) | st.sampled_from(["a", "B", "é", "\ue000", "\U0001f600", "", "a0"])
 scalars = (

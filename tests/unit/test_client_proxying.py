@@ -11,6 +11,8 @@ import pytest
 from gateway.client.proxying import ProxyRoute, current_step, fenced_step
 from gateway.core.errors import FencegateError, InvalidRequest, StaleGeneration
 
+pytestmark = pytest.mark.fast
+
 
 @dataclass
 class Job:

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict
 from gateway.cli import configdoc
 from gateway.runtime.settings import Settings, load_settings
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 FIX = "run `make config-docs` (python -m gateway.cli.configdoc) and commit the result"
 

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from gateway.core import fastjson
 
+pytestmark = pytest.mark.fast
+
 scalars = (
     st.none()
     | st.booleans()

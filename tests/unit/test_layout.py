@@ -12,6 +12,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parents[2]
 # A soft guideline, not a cut: a module owns one concept and may need the room; past this
 # bound it probably holds two. (module -> why it may be longer: a reason, not a silent bump)

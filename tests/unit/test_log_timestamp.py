@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import datetime
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.runtime.logging import iso_utc
+
+pytestmark = pytest.mark.fast
 
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 YEAR_9999 = int((datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC) - EPOCH).total_seconds())

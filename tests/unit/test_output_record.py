@@ -11,6 +11,8 @@ import pytest
 from gateway.core.records import DEFAULT_TYPE, OutputRecord
 from gateway.http.job_state_models import output_out, output_record_out
 
+pytestmark = pytest.mark.fast
+
 # the fields output-stage-3 writes, then output-record-3 adds (gateway/store/lua)
 STAGED = {
     "state": "staged", "key": "t/j/g3/report.csv", "size": 0, "sha256": "",

@@ -9,6 +9,8 @@ import structlog
 
 from gateway.runtime.periodic import every, stop
 
+pytestmark = pytest.mark.fast
+
 
 class Swallowed(Exception):
     """What a library under a tick may turn a cancellation into."""

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from gateway.http.prefer import Preference, parse_prefer
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     "values",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.proxy.intent import body_digest, proxy_intent, sorted_query
+
+pytestmark = pytest.mark.fast
 
 FORM = "application/x-www-form-urlencoded"
 JSON = "application/json"

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from gateway.proxy.intent import body_digest, multipart_parts_streamed, spooled_body_digest
 
+pytestmark = pytest.mark.fast
+
 BOUNDARY = "xYz-42"
 CT = f"multipart/form-data; boundary={BOUNDARY}"
 

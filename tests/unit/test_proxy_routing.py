@@ -17,6 +17,8 @@ from gateway.proxy.routing import (
     parse_route,
 )
 
+pytestmark = pytest.mark.fast
+
 ESCAPES = [
     "..",
     ".",

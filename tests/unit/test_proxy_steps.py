@@ -6,6 +6,8 @@ import pytest
 
 from gateway.proxy.steps import StepRefused, check_step_from, derive_step, json_pointer
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     ("pointer", "tokens"),

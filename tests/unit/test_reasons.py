@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from gateway.core.errors import BadToken, QuotaExceeded
 from gateway.core.reasons import REASONS, REFUSALS, RESOLUTIONS, resolution
 from gateway.store.scripts import SCRIPT_NAMES, lua_source
+
+pytestmark = pytest.mark.fast
 
 
 def _scripts() -> list[tuple[str, str]]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from gateway.http.models import EffectOut, HeartbeatOut
 from gateway.http.parsing import respond_fields
+
+pytestmark = pytest.mark.fast
 
 scalars = (
     st.none()

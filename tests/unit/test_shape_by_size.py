@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from gateway.core.errors import InvalidRequest
 from gateway.http.parsing import check_shape, shape_fits_by_size
 
+pytestmark = pytest.mark.fast
+
 documents = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=12),
     lambda children: (

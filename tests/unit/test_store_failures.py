@@ -23,6 +23,8 @@ from gateway.core.errors import StoreUnavailable
 from gateway.store.failures import redis_errors, store_unavailable
 from gateway.store.replication import NotReplicated
 
+pytestmark = pytest.mark.fast
+
 SCRIPT_BUG = (
     "Error running script (call to f_0123): @user_script:3: WRONGTYPE Operation against a key "
     "holding the wrong kind of value script: 0123, on @user_script:3."

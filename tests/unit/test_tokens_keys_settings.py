@@ -22,6 +22,8 @@ from gateway.core.tokens import MAX_GENERATION, parse_generation, parse_unsigned
 from gateway.runtime.settings import ConfigError, load_settings
 from gateway.store.keys import SLOTS, JobKeys, key_slot, slot_marker, slot_tags
 
+pytestmark = pytest.mark.fast
+
 
 @given(st.integers(1, MAX_GENERATION))
 def test_every_valid_generation_round_trips(g: int) -> None:
