@@ -83,7 +83,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # the reference table of docs/configuration.md and the example config, from the settings
-# models' field docstrings (gateway/runtime/settings.py); tests/unit/test_config_docs.py fails
+# models' field docstrings (gateway/runtime/settings.py); tests/cli/test_configdoc.py fails
 # when the committed files differ from what this writes
 config-docs: $(STAMP)
 	$(BIN)/python -m gateway.cli.configdoc

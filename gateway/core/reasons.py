@@ -3,7 +3,7 @@
 The Lua scripts write these strings into the job's audit stream (``reject('…')`` and the
 ``'reason', '…'`` fields of ``audit()``), the gateway writes the rest (a bad token, a
 quota, an operator's resolution); the API's audit listing, the rejection metric and the
-console's reason filter all take their values from here. ``tests/unit/test_reasons.py``
+console's reason filter all take their values from here. ``tests/core/test_reasons.py``
 reads every script and fails when one can write a reason missing here.
 
 - :data:`REFUSALS`: a call refused under the fence (409/422/400/429), each the problem

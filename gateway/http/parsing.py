@@ -54,7 +54,7 @@ def respond_fields(
 ) -> web.Response:
     """``respond(model(**fields))``, byte for byte, without building the model (the hot
     routes' answers). ``fields`` are the model's, in its field order, each already of its
-    type: orjson writes them as pydantic would (``tests/unit/test_respond_fields.py``); what
+    type: orjson writes them as pydantic would (``tests/http/test_respond_fields.py``); what
     orjson cannot write (an integer beyond 64 bits, deeper nesting than it follows) the model
     writes."""
     try:

@@ -88,7 +88,7 @@ def test_a_store_with_an_unknown_include_fails_when_it_is_built(
 
 def test_an_include_takes_everything_it_uses_as_arguments() -> None:
     """No KEYS or ARGV in an include: every script passes its own (its names say how many KEYS
-    it takes, tests/unit/test_layout.py)."""
+    it takes, tests/house/test_layout.py)."""
     for path in (LUA / "includes").glob("*.lua"):
         code = re.sub(r"--\[\[.*?\]\]|--[^\n]*", "", path.read_text(), flags=re.S)
         assert "KEYS" not in code and "ARGV" not in code, path.name

@@ -93,7 +93,7 @@ def _graph() -> tuple[Counter[tuple[str, str]], int]:
             a, b = _package(importer), _package(imported)
             if a != b:
                 edges[(a, b)] += 1
-    from tests.unit.test_layout import import_cycles
+    from tests.house.test_layout import import_cycles
 
     return edges, len(import_cycles("gateway"))
 
