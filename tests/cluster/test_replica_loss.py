@@ -51,7 +51,7 @@ def cluster(tmp_path: Path) -> Iterator[ValkeyCluster]:
 
 
 @pytest.fixture
-async def gateways(
+async def cluster_gateways(
     cluster: ValkeyCluster, upstream: Upstream, tmp_path: Path
 ) -> AsyncIterator[Any]:
     clients: list[TestClient[Any, Any]] = []
@@ -85,11 +85,11 @@ async def gateways(
 
 
 async def _loss_scenario(
-    cluster: ValkeyCluster, gateways: Any, replicas_acked: int
+    cluster: ValkeyCluster, cluster_gateways: Any, replicas_acked: int
 ) -> tuple[int, int, int]:
     """Returns (the registration's status, the promoted node's fence, the zombie's status)."""
-    scheduler: Gateway = await gateways("scheduler", replicas_acked)
-    worker: Gateway = await gateways("worker", replicas_acked)
+    scheduler: Gateway = await cluster_gateways("scheduler", replicas_acked)
+    worker: Gateway = await cluster_gateways("worker", replicas_acked)
     assert (await scheduler.register("j", generation=1)).status == 201
     assert (await worker.effect("j", "s1", 1)).status == 200
     primary = await asyncio.to_thread(cluster.owner, key_slot("default/j"))
@@ -120,9 +120,9 @@ async def _loss_scenario(
 
 
 async def test_cluster_loss_scenario_with_r0_admits_a_zombie(
-    cluster: ValkeyCluster, gateways: Any, upstream: Upstream
+    cluster: ValkeyCluster, cluster_gateways: Any, upstream: Upstream
 ) -> None:
-    registered, fence, zombie = await _loss_scenario(cluster, gateways, 0)
+    registered, fence, zombie = await _loss_scenario(cluster, cluster_gateways, 0)
     assert registered == 201  # acknowledged ...
     assert fence == 1  # ... lost in the failover ...
     assert zombie == 200  # ... and the zombie went through
@@ -130,9 +130,9 @@ async def test_cluster_loss_scenario_with_r0_admits_a_zombie(
 
 
 async def test_cluster_loss_scenario_with_r1_never_acknowledges_what_it_loses(
-    cluster: ValkeyCluster, gateways: Any, upstream: Upstream
+    cluster: ValkeyCluster, cluster_gateways: Any, upstream: Upstream
 ) -> None:
-    registered, fence, zombie = await _loss_scenario(cluster, gateways, 1)
+    registered, fence, zombie = await _loss_scenario(cluster, cluster_gateways, 1)
     assert registered == 503  # never acknowledged
     assert fence == 1  # the promoted replica never got it either
     assert zombie == 409  # the re-registration was acknowledged: the zombie is refused
@@ -140,9 +140,9 @@ async def test_cluster_loss_scenario_with_r1_never_acknowledges_what_it_loses(
 
 
 async def test_readyz_names_the_shard_whose_replica_does_not_acknowledge(
-    cluster: ValkeyCluster, gateways: Any
+    cluster: ValkeyCluster, cluster_gateways: Any
 ) -> None:
-    gw: Gateway = await gateways("a", 1)  # ready: every shard acknowledges
+    gw: Gateway = await cluster_gateways("a", 1)  # ready: every shard acknowledges
     primary = await asyncio.to_thread(cluster.owner, key_slot("default/j"))
     replica = (await asyncio.to_thread(cluster.replicas_of, primary))[0]
     cluster.pause(replica)

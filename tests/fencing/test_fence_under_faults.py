@@ -62,14 +62,14 @@ class Receiver:
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
+async def flaky_receiver() -> AsyncIterator[Receiver]:
     r = Receiver()
     yield r
     await r.down()
 
 
-async def flaky_gateway(make_gateway: Any, receiver: Receiver, **sections: Any) -> Gateway:
-    adapters = {"flaky": {"type": "webhook", "url": receiver.url, "timeout_seconds": 1}}
+async def flaky_gateway(make_gateway: Any, flaky_receiver: Receiver, **sections: Any) -> Gateway:
+    adapters = {"flaky": {"type": "webhook", "url": flaky_receiver.url, "timeout_seconds": 1}}
     gw: Gateway = await make_gateway(adapters=adapters, **sections)
     return gw
 
@@ -119,12 +119,12 @@ def refund(amount: int) -> dict[str, Any]:
 
 
 async def test_relay_never_sends_a_superseded_payload_under_a_new_intent(
-    make_gateway: Any, receiver: Receiver
+    make_gateway: Any, flaky_receiver: Receiver
 ) -> None:
     """A (gen 1) queues an async refund of 10,000; the downstream is down, the step is
     released. B (gen 2) re-pins the step to 2,500 (sync, also refused). The downstream comes
     back: it must never receive A's 10,000; B's retry sends 2,500 under token 2, once."""
-    gw = await flaky_gateway(make_gateway, receiver)
+    gw = await flaky_gateway(make_gateway, flaky_receiver)
     await gw.register("r", generation=1)
     a = await gw.effect("r", "refund", 1, adapter="flaky", payload=refund(10_000), headers=ASYNC)
     assert a.status == 202
@@ -132,42 +132,42 @@ async def test_relay_never_sends_a_superseded_payload_under_a_new_intent(
     await gw.register("r", generation=2)
     b = await gw.effect("r", "refund", 2, adapter="flaky", payload=refund(2_500))
     assert b.status == 502 and (await b.json())["code"] == "adapter_unavailable"
-    await receiver.up()
+    await flaky_receiver.up()
     await asyncio.sleep(1.6)  # past the relay's retry of a released async step
-    assert receiver.received == []
+    assert flaky_receiver.received == []
     again = await gw.effect("r", "refund", 2, adapter="flaky", payload=refund(2_500))
     body = await again.json()
     assert again.status == 200 and body["replayed"] is False, body
-    assert receiver.bodies() == [refund(2_500)] and receiver.tokens() == ["2"]
+    assert flaky_receiver.bodies() == [refund(2_500)] and flaky_receiver.tokens() == ["2"]
     view = await record(gw, "refund")
     pinned = intent_digest("flaky", "send", refund(2_500))
     assert (view["generation"], view["intent_sha256"]) == (2, pinned)
 
 
 async def test_relay_never_dispatches_below_the_fence(
-    make_gateway: Any, receiver: Receiver
+    make_gateway: Any, flaky_receiver: Receiver
 ) -> None:
     """An async step of gen 1 that the downstream refused is retried by the relay; once
     register(2) is acknowledged it must never be sent with token 1: the claim re-checks the
     fence, releases the step and audits it as superseded. Gen 2 can then take it over."""
-    gw = await flaky_gateway(make_gateway, receiver)
+    gw = await flaky_gateway(make_gateway, flaky_receiver)
     await gw.register("r", generation=1)
     assert (await gw.effect("r", "s", 1, adapter="flaky", headers=ASYNC)).status == 202
     await wait_for(gw, "s", {"released"})
     assert (await gw.register("r", generation=2)).status == 201
-    await receiver.up()
+    await flaky_receiver.up()
     await asyncio.sleep(1.6)
-    assert receiver.received == []
+    assert flaky_receiver.received == []
     view = await record(gw, "s")
     assert view["state"] == "released" and "superseded" in view["error"]["reason"]
     entries = await gw.audit(job="r")
     assert [(e["reason"], e["presented"], e["current"]) for e in entries] == [("superseded", 1, 2)]
     ok = await gw.effect("r", "s", 2, adapter="flaky")
-    assert ok.status == 200 and receiver.tokens() == ["2"]
+    assert ok.status == 200 and flaky_receiver.tokens() == ["2"]
 
 
 async def test_a_rejected_call_never_rearms_the_relay(
-    make_gateway: Any, receiver: Receiver, upstream: Upstream
+    make_gateway: Any, flaky_receiver: Receiver, upstream: Upstream
 ) -> None:
     """An operator resolved an async step not_delivered; a stale async call on that step gets
     409 — and nothing is ever sent for it (the old code re-armed the relay, which sent the old
@@ -448,13 +448,13 @@ async def test_a_resent_stale_admit_writes_one_audit_entry(
 
 
 async def test_a_succeeded_record_keeps_no_earlier_error(
-    make_gateway: Any, receiver: Receiver
+    make_gateway: Any, flaky_receiver: Receiver
 ) -> None:
-    gw = await flaky_gateway(make_gateway, receiver)
+    gw = await flaky_gateway(make_gateway, flaky_receiver)
     await gw.register("r", generation=1)
     assert (await gw.effect("r", "s", 1, adapter="flaky", headers=ASYNC)).status == 202
     await wait_for(gw, "s", {"released"})
-    await receiver.up()
+    await flaky_receiver.up()
     view = await wait_for(gw, "s", {"succeeded"})
     assert view["error"] is None and view["result"]["status"] == 200
 

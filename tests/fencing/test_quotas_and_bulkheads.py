@@ -29,7 +29,7 @@ def bearer(tenant: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[tenant]}"}
 
 
-async def gateways(make_gateway: Any, **sections: Any) -> tuple[Gateway, Gateway]:
+async def tenant_gateways(make_gateway: Any, **sections: Any) -> tuple[Gateway, Gateway]:
     a: Gateway = await make_gateway(headers=bearer("a"), auth=AUTH, **sections)
     b = Gateway(client=a.client, app=a.app, settings=a.settings, headers=bearer("b"))
     return a, b
@@ -41,7 +41,7 @@ async def gateways(make_gateway: Any, **sections: Any) -> tuple[Gateway, Gateway
 async def test_effects_quota_per_tenant_429_with_retry_after_and_audited(
     make_gateway: Any,
 ) -> None:
-    a, b = await gateways(
+    a, b = await tenant_gateways(
         make_gateway,
         quotas={"effects_per_window": 100, "tenants": {"a": {"effects_per_window": 3}}},
     )
@@ -71,7 +71,7 @@ async def test_effects_quota_per_tenant_429_with_retry_after_and_audited(
 async def test_payload_bytes_quota_bounds_what_a_tenant_stores_for_the_relay(
     make_gateway: Any, redis_sync: Any
 ) -> None:
-    a, b = await gateways(
+    a, b = await tenant_gateways(
         make_gateway, quotas={"payload_bytes": 50_000}, fencing={"relay_sweep_seconds": 0.2}
     )
     blob = {"blob": "x" * 20_000}
@@ -123,7 +123,7 @@ class Receiver:
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
+async def hanging_receiver() -> AsyncIterator[Receiver]:
     rec = Receiver()
     app = web.Application()
     app.router.add_post("/hook", rec.handle)
@@ -136,22 +136,24 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 async def test_slow_downstream_of_one_tenant_does_not_starve_another(
-    make_gateway: Any, receiver: Receiver
+    make_gateway: Any, hanging_receiver: Receiver
 ) -> None:
     sections: dict[str, Any] = {
         # the shared pool of the base was redis.max_connections * 4 = 4 connections
         "redis": {"max_connections": 1},
-        "adapters": {"slow": {"type": "webhook", "url": receiver.url, "timeout_seconds": 3}},
+        "adapters": {
+            "slow": {"type": "webhook", "url": hanging_receiver.url, "timeout_seconds": 3}
+        },
     }
     if "bulkheads" in Settings.model_fields:
         sections["bulkheads"] = {"connections_per_pool": 4, "pool_wait_seconds": 0.5}
-    a, b = await gateways(make_gateway, **sections)
+    a, b = await tenant_gateways(make_gateway, **sections)
     for i in range(6):
         assert (await a.register(f"a-{i}", generation=1)).status == 201
     assert (await b.register("b-0", generation=1)).status == 201
     flood = [asyncio.create_task(a.effect(f"a-{i}", "s", 1, adapter="slow")) for i in range(6)]
     deadline = time.monotonic() + 5
-    while receiver.hanging < 4:
+    while hanging_receiver.hanging < 4:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
     started = time.monotonic()
@@ -166,4 +168,4 @@ async def test_slow_downstream_of_one_tenant_does_not_starve_another(
         if resp.status == 502:
             problem = await resp.json()
             assert problem["code"] == "adapter_unavailable" and problem["state"] == "released"
-    assert receiver.hanging == 4
+    assert hanging_receiver.hanging == 4

@@ -27,9 +27,9 @@ from gateway.http import appkeys as K
 from gateway.store.keys import JobKeys
 from tests.conftest import Gateway, Upstream
 from tests.support.frameworks import (
+    CLAIM_NAME,
     ROOT,
     WorkerProcs,
-    claim_gateway,
     fence,
     gateway_env,
     refusals,
@@ -42,12 +42,7 @@ JOB_TIMEOUT = 3  # seconds: arq's in-progress key lives 13 s
 
 
 @pytest.fixture
-async def gw(make_gateway: Any) -> Gateway:
-    return await claim_gateway(make_gateway, "arq-workers")
-
-
-@pytest.fixture
-async def workers(gw: Gateway, redis_url: str, tmp_path: Path) -> AsyncIterator[WorkerProcs]:
+async def arq_workers(gw: Gateway, redis_url: str, tmp_path: Path) -> AsyncIterator[WorkerProcs]:
     if not ARQ_PYTHON.exists():
         pytest.fail(f"{ARQ_PYTHON} is missing: run `make arq-venv` (make pytest does)")
     env = gateway_env(
@@ -61,39 +56,41 @@ async def workers(gw: Gateway, redis_url: str, tmp_path: Path) -> AsyncIterator[
     await asyncio.to_thread(w.stop)
 
 
-async def arq_result(workers: WorkerProcs) -> dict[str, Any]:
-    return dict(json.loads(await asyncio.to_thread(workers.command, "result", "order-1")))
+async def arq_result(arq_workers: WorkerProcs) -> dict[str, Any]:
+    return dict(json.loads(await asyncio.to_thread(arq_workers.command, "result", "order-1")))
 
 
-async def completed(workers: WorkerProcs) -> dict[str, Any] | None:
-    got = await arq_result(workers)
+async def completed(arq_workers: WorkerProcs) -> dict[str, Any] | None:
+    got = await arq_result(arq_workers)
     return got if got["status"] == "complete" else None
 
 
 @pytest.mark.slow  # about 16 s: arq's in-progress key outlives the job timeout by 10 s
 async def test_a_try_frozen_past_arqs_redelivery_sends_nothing_and_records_nothing(
-    gw: Gateway, workers: WorkerProcs, upstream: Upstream, redis_sync: redis.Redis
+    gw: Gateway, arq_workers: WorkerProcs, upstream: Upstream, redis_sync: redis.Redis
 ) -> None:
-    a = workers.start("worker-a")
-    await asyncio.to_thread(workers.command, "enqueue", "order-1", "--work-seconds", "1.5")
+    a = arq_workers.start("worker-a")
+    await asyncio.to_thread(arq_workers.command, "enqueue", "order-1", "--work-seconds", "1.5")
     # A's try 1 registered generation 1 and is preparing the receipt: freeze it there
     await until("A registered try 1", lambda: fence(gw, "order-1"))
     os.kill(a.pid, signal.SIGSTOP)
     assert await fence(gw, "order-1") == 1 and upstream.received == []
 
     # arq hands B the job once A's in-progress key ran out; B runs the module's own command
-    b = workers.start(
+    b = arq_workers.start(
         "worker-b", argv=["-m", "gateway.integrations.arq", "examples.arq_worker.WorkerSettings"]
     )
-    done = await until("B finished the job", lambda: completed(workers), seconds=60)
+    done = await until("B finished the job", lambda: completed(arq_workers), seconds=60)
     result = {"order": "order-1", "sent_by_try": 2, "replayed": False}
     assert done == {"status": "complete", "job_try": 2, "success": True, "result": result}
     assert await fence(gw, "order-1") == 2
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["order-1:receipt"]
 
     os.kill(a.pid, signal.SIGCONT)
-    await until("A's try ended", lambda: "send_receipt failed" in workers.log(a))
-    assert "order-1 try 1 superseded (stale_generation): nothing recorded in arq" in workers.log(a)
+    await until("A's try ended", lambda: "send_receipt failed" in arq_workers.log(a))
+    assert (
+        "order-1 try 1 superseded (stale_generation): nothing recorded in arq" in arq_workers.log(a)
+    )
 
     # one receipt downstream, B's result in fencegate and in arq
     assert len(upstream.received) == 1
@@ -101,29 +98,29 @@ async def test_a_try_frozen_past_arqs_redelivery_sends_nothing_and_records_nothi
         "order": "order-1",
         "text": "Thank you for order order-1",
     }
-    assert await arq_result(workers) == done  # A wrote nothing over B's result
+    assert await arq_result(arq_workers) == done  # A wrote nothing over B's result
     job = await (await gw.client.get("/v1/jobs/order-1", headers=gw.headers)).json()
     assert (job["completion"]["generation"], job["completion"]["result"]) == (2, result)
     # A was refused with both generations (its heartbeat, and the check after arq's timeout);
     # both registrations were the claim key's
     assert await refusals(gw, "order-1") == {("stale_generation", 1, 2)}
-    assert await registrations(gw, "order-1") == [("1", "arq-workers"), ("2", "arq-workers")]
+    assert await registrations(gw, "order-1") == [("1", CLAIM_NAME), ("2", CLAIM_NAME)]
     # nothing left for arq to run again: no queue entry, no in-progress key, no third try
     assert redis_sync.zcard("arq:queue") == 0
     assert redis_sync.exists("arq:in-progress:order-1") == 0
     assert await fence(gw, "order-1") == 2
-    assert b.poll() is None and "try=2" in workers.log(b)
+    assert b.poll() is None and "try=2" in arq_workers.log(b)
 
 
 async def test_a_copy_that_starts_after_the_job_completed_runs_nothing_and_keeps_the_result(
-    gw: Gateway, workers: WorkerProcs, upstream: Upstream, redis_url: str
+    gw: Gateway, arq_workers: WorkerProcs, upstream: Upstream, redis_url: str
 ) -> None:
-    await asyncio.to_thread(workers.command, "enqueue", "order-1")
+    await asyncio.to_thread(arq_workers.command, "enqueue", "order-1")
     raw = redis.Redis.from_url(redis_url)  # bytes: arq's job is a pickle
     job_bytes = raw.get("arq:job:order-1")
     assert job_bytes is not None
-    workers.start("worker-a")
-    done = await until("the job completed", lambda: completed(workers), seconds=60)
+    arq_workers.start("worker-a")
+    done = await until("the job completed", lambda: completed(arq_workers), seconds=60)
     assert (done["job_try"], done["result"]["sent_by_try"]) == (1, 1)
     # a copy of the job queued again (a lost acknowledgement, a second enqueue path)
     raw.set("arq:job:order-1", job_bytes)
@@ -133,15 +130,15 @@ async def test_a_copy_that_starts_after_the_job_completed_runs_nothing_and_keeps
         lambda: raw.zcard("arq:queue") == 0 and not raw.exists("arq:job:order-1"),
     )
     raw.close()
-    assert await arq_result(workers) == done  # the result that stands, not the copy's
+    assert await arq_result(arq_workers) == done  # the result that stands, not the copy's
     assert len(upstream.received) == 1 and await fence(gw, "order-1") == 1
-    assert await registrations(gw, "order-1") == [("1", "arq-workers")]
+    assert await registrations(gw, "order-1") == [("1", CLAIM_NAME)]
 
 
 async def test_a_try_whose_job_try_may_have_restarted_allocates_the_next_generation(
-    gw: Gateway, workers: WorkerProcs, upstream: Upstream, redis_url: str
+    gw: Gateway, arq_workers: WorkerProcs, upstream: Upstream, redis_url: str
 ) -> None:
-    await asyncio.to_thread(workers.command, "enqueue", "order-1")
+    await asyncio.to_thread(arq_workers.command, "enqueue", "order-1")
     # enqueued two days ago: arq's try counter (kept 88,400 s) may have restarted at 1
     raw = redis.Redis.from_url(redis_url)  # bytes: arq's job is a pickle of a dict
     job_bytes = raw.get("arq:job:order-1")
@@ -154,8 +151,8 @@ async def test_a_try_whose_job_try_may_have_restarted_allocates_the_next_generat
         "/v1/jobs/order-1/generations", json={"generation": 5}, headers=gw.headers
     )
     assert resp.status == 201
-    workers.env["FENCEGATE_LEASE_MS"] = "7000"
-    workers.start("worker-a")
+    arq_workers.env["FENCEGATE_LEASE_MS"] = "7000"
+    arq_workers.start("worker-a")
 
     async def completion() -> dict[str, Any] | None:
         job = await (await gw.client.get("/v1/jobs/order-1", headers=gw.headers)).json()
@@ -163,9 +160,9 @@ async def test_a_try_whose_job_try_may_have_restarted_allocates_the_next_generat
 
     job = await until("fencegate has the completion", completion, seconds=30)
     assert (job["fence"], job["completion"]["generation"]) == (6, 6)  # allocated: fence + 1
-    done = await until("arq has the result", lambda: completed(workers))
+    done = await until("arq has the result", lambda: completed(arq_workers))
     assert (done["job_try"], done["result"]["sent_by_try"]) == (1, 1)
     history = await gw.app[K.STORE].history(JobKeys("default", "order-1"))
     claimed = [e for e in history if e.get("event") == "registered" and e["generation"] == "6"]
-    assert [(e["by"], e["lease_ms"]) for e in claimed] == [("arq-workers", "7000")]
+    assert [(e["by"], e["lease_ms"]) for e in claimed] == [(CLAIM_NAME, "7000")]
     assert len(upstream.received) == 1

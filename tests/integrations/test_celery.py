@@ -30,9 +30,9 @@ from gateway.store.keys import JobKeys
 from tests.conftest import Gateway, Upstream
 from tests.support.frameworks import (
     CLAIM_KEY,
+    CLAIM_NAME,
     ROOT,
     WorkerProcs,
-    claim_gateway,
     fence,
     gateway_env,
     refusals,
@@ -42,12 +42,7 @@ from tests.support.frameworks import (
 
 
 @pytest.fixture
-async def gw(make_gateway: Any) -> Gateway:
-    return await claim_gateway(make_gateway, "celery-workers")
-
-
-@pytest.fixture
-async def workers(gw: Gateway, redis_url: str, tmp_path: Path) -> AsyncIterator[WorkerProcs]:
+async def celery_workers(gw: Gateway, redis_url: str, tmp_path: Path) -> AsyncIterator[WorkerProcs]:
     env = gateway_env(
         gw,
         CELERY_REDIS_URL=redis_url,
@@ -59,27 +54,29 @@ async def workers(gw: Gateway, redis_url: str, tmp_path: Path) -> AsyncIterator[
     await asyncio.to_thread(w.stop)
 
 
-async def celery_result(workers: WorkerProcs) -> dict[str, Any]:
-    return dict(json.loads(await asyncio.to_thread(workers.command, "result", "order-3")))
+async def celery_result(celery_workers: WorkerProcs) -> dict[str, Any]:
+    return dict(json.loads(await asyncio.to_thread(celery_workers.command, "result", "order-3")))
 
 
-async def succeeded(workers: WorkerProcs) -> dict[str, Any] | None:
-    got = await celery_result(workers)
+async def succeeded(celery_workers: WorkerProcs) -> dict[str, Any] | None:
+    got = await celery_result(celery_workers)
     return got if got["state"] == "SUCCESS" else None
 
 
 async def test_a_run_frozen_past_the_visibility_timeout_sends_nothing_and_is_ignored(
-    gw: Gateway, workers: WorkerProcs, upstream: Upstream, redis_sync: redis.Redis
+    gw: Gateway, celery_workers: WorkerProcs, upstream: Upstream, redis_sync: redis.Redis
 ) -> None:
-    a = workers.start("worker-a", "--name", "a")
-    await asyncio.to_thread(workers.command, "enqueue", "order-3", "--work-seconds", "1.5")
+    a = celery_workers.start("worker-a", "--name", "a")
+    await asyncio.to_thread(celery_workers.command, "enqueue", "order-3", "--work-seconds", "1.5")
     # A's run registered generation 1 and is preparing the receipt: freeze it there
     await until("A registered its run", lambda: fence(gw, "order-3"))
     os.kill(a.pid, signal.SIGSTOP)
     assert await fence(gw, "order-3") == 1 and upstream.received == []
 
-    b = workers.start("worker-b", "--name", "b")  # restores the task past its visibility timeout
-    done = await until("B finished the task", lambda: succeeded(workers), seconds=60)
+    b = celery_workers.start(
+        "worker-b", "--name", "b"
+    )  # restores the task past its visibility timeout
+    done = await until("B finished the task", lambda: succeeded(celery_workers), seconds=60)
     result = done["result"]
     assert result["order"] == "order-3" and result["worker"].startswith("b@")
     assert result["replayed"] is False
@@ -87,16 +84,16 @@ async def test_a_run_frozen_past_the_visibility_timeout_sends_nothing_and_is_ign
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["order-3:receipt"]
 
     os.kill(a.pid, signal.SIGCONT)
-    await until("A's run ended", lambda: "send_receipt[order-3] ignored" in workers.log(a))
+    await until("A's run ended", lambda: "send_receipt[order-3] ignored" in celery_workers.log(a))
 
     # one receipt downstream; B's result in fencegate and in Celery
     assert len(upstream.received) == 1
-    assert await celery_result(workers) == done  # A stored nothing over B's result
+    assert await celery_result(celery_workers) == done  # A stored nothing over B's result
     job = await (await gw.client.get("/v1/jobs/order-3", headers=gw.headers)).json()
     assert (job["completion"]["generation"], job["completion"]["result"]) == (2, result)
     # A was refused with both generations; both registrations were the claim key's
     assert await refusals(gw, "order-3") == {("stale_generation", 1, 2)}
-    assert await registrations(gw, "order-3") == [("1", "celery-workers"), ("2", "celery-workers")]
+    assert await registrations(gw, "order-3") == [("1", CLAIM_NAME), ("2", CLAIM_NAME)]
     # nothing left to run again: the queue and the unacknowledged set are empty, no third run
     assert redis_sync.llen("celery") == 0
     assert redis_sync.hlen("unacked") == 0
@@ -135,7 +132,7 @@ async def test_a_business_key_from_the_arguments_is_the_job_of_every_task_id(
     history = await gw.app[K.STORE].history(JobKeys("default", "order-42"))
     registered = [e for e in history if e.get("event") == "registered"]
     assert [(e["generation"], e["by"], e["lease_ms"]) for e in registered] == [
-        ("1", "celery-workers", "7000")  # fencegate_lease_ms
+        ("1", CLAIM_NAME, "7000")  # fencegate_lease_ms
     ]
     for task_id in ("t-1", "t-2"):  # the task ids are no jobs of fencegate's
         assert (await gw.client.get(f"/v1/jobs/{task_id}", headers=gw.headers)).status == 404

@@ -16,7 +16,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,9 @@ from gateway.integrations.procrastinate import FencedJobManager, ProcrastinateFe
 from tests.conftest import Gateway, Upstream
 from tests.support.frameworks import (
     CLAIM_KEY,
+    CLAIM_NAME,
     ROOT,
     WorkerProcs,
-    claim_gateway,
     fence,
     gateway_env,
     refusals,
@@ -44,16 +44,8 @@ from tests.support.postgres import PostgresServer
 EXAMPLE = str(ROOT / "examples" / "procrastinate_worker.py")
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def dsn(postgres: PostgresServer) -> str:
+def procrastinate_dsn(postgres: PostgresServer) -> str:
     """A database with Procrastinate's schema and no jobs."""
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA public CASCADE")
@@ -63,15 +55,12 @@ def dsn(postgres: PostgresServer) -> str:
 
 
 @pytest.fixture
-async def gw(make_gateway: Any) -> Gateway:
-    return await claim_gateway(make_gateway, "procrastinate-workers")
-
-
-@pytest.fixture
-async def workers(gw: Gateway, dsn: str, tmp_path: Path) -> AsyncIterator[WorkerProcs]:
+async def procrastinate_workers(
+    gw: Gateway, procrastinate_dsn: str, tmp_path: Path
+) -> AsyncIterator[WorkerProcs]:
     env = gateway_env(
         gw,
-        PROCRASTINATE_DSN=dsn,
+        PROCRASTINATE_DSN=procrastinate_dsn,
         PROCRASTINATE_HEARTBEAT_SECONDS="0.5",
         PROCRASTINATE_STALLED_SECONDS="2.5",  # 5 heartbeats: a worker lagging under load lives
         PROCRASTINATE_STALLED_CRON="* * * * * */1",  # every second (croniter's 6th field)
@@ -82,8 +71,8 @@ async def workers(gw: Gateway, dsn: str, tmp_path: Path) -> AsyncIterator[Worker
     await asyncio.to_thread(w.stop)
 
 
-def job_row(dsn: str, job_id: int) -> dict[str, Any]:
-    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+def job_row(procrastinate_dsn: str, job_id: int) -> dict[str, Any]:
+    with psycopg.connect(procrastinate_dsn, row_factory=dict_row) as conn:
         row = conn.execute(
             "SELECT status::text, attempts, worker_id FROM procrastinate_jobs WHERE id = %s",
             (job_id,),
@@ -96,8 +85,8 @@ def job_row(dsn: str, job_id: int) -> dict[str, Any]:
     return {**row, "events": [e["type"] for e in events]}
 
 
-def receipt_jobs(dsn: str) -> int:
-    with psycopg.connect(dsn) as conn:
+def receipt_jobs(procrastinate_dsn: str) -> int:
+    with psycopg.connect(procrastinate_dsn) as conn:
         got = conn.execute(
             "SELECT count(*) FROM procrastinate_jobs WHERE task_name = 'send_receipt'"
         ).fetchone()
@@ -106,33 +95,43 @@ def receipt_jobs(dsn: str) -> int:
 
 
 async def test_an_attempt_frozen_until_procrastinate_retries_it_sends_nothing_and_finishes_nothing(
-    gw: Gateway, workers: WorkerProcs, upstream: Upstream, dsn: str
+    gw: Gateway, procrastinate_workers: WorkerProcs, upstream: Upstream, procrastinate_dsn: str
 ) -> None:
     # deferred before A starts: A's work begins well after the defer command has returned
-    out = await asyncio.to_thread(workers.command, "defer", "order-5", "--work-seconds", "1.5")
+    out = await asyncio.to_thread(
+        procrastinate_workers.command, "defer", "order-5", "--work-seconds", "1.5"
+    )
     job_id = int(out.strip())
-    a = workers.start("worker-a", "--name", "a")
+    a = procrastinate_workers.start("worker-a", "--name", "a")
     name = f"procrastinate-{job_id}"
     # A's attempt registered generation 1 and is preparing the receipt: freeze it there
     await until("A registered its attempt", lambda: fence(gw, name))
     os.kill(a.pid, signal.SIGSTOP)
-    a_worker = job_row(dsn, job_id)["worker_id"]
+    a_worker = job_row(procrastinate_dsn, job_id)["worker_id"]
     assert await fence(gw, name) == 1 and upstream.received == []
 
     # B's periodic retry_stalled_jobs puts the job back once A's heartbeat is 2.5 s old; B is
     # Procrastinate's own worker command
-    workers.start(
+    procrastinate_workers.start(
         "worker-b",
         argv=["-m", "procrastinate", "--app", "examples.procrastinate_worker.app", "worker",
               "--name", "b"],
     )  # fmt: skip
-    await until("B finished the job", lambda: job_row(dsn, job_id)["status"] == "succeeded")
+    await until(
+        "B finished the job", lambda: job_row(procrastinate_dsn, job_id)["status"] == "succeeded"
+    )
     assert await fence(gw, name) == 2
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == [f"{name}:receipt"]
 
     os.kill(a.pid, signal.SIGCONT)
-    await until("A's attempt ended", lambda: f"job {job_id} attempt 0 moved on" in workers.log(a))
-    assert f"({name}) generation 1 superseded (stale_generation): stopped" in workers.log(a)
+    await until(
+        "A's attempt ended",
+        lambda: f"job {job_id} attempt 0 moved on" in procrastinate_workers.log(a),
+    )
+    assert (
+        f"({name}) generation 1 superseded (stale_generation): stopped"
+        in procrastinate_workers.log(a)
+    )
 
     # one receipt downstream; fencegate's completion is B's
     assert len(upstream.received) == 1
@@ -142,24 +141,24 @@ async def test_an_attempt_frozen_until_procrastinate_retries_it_sends_nothing_an
     # A refused with both generations; both registrations were the claim key's
     assert await refusals(gw, name) == {("stale_generation", 1, 2)}
     assert await registrations(gw, name) == [
-        ("1", "procrastinate-workers"),
-        ("2", "procrastinate-workers"),
+        ("1", CLAIM_NAME),
+        ("2", CLAIM_NAME),
     ]
     # Procrastinate's row and events are B's: A recorded no status over them, retried nothing
-    row = job_row(dsn, job_id)
+    row = job_row(procrastinate_dsn, job_id)
     assert row["events"] == [
         "deferred", "started", "scheduled", "deferred_for_retry", "started", "succeeded",
     ]  # fmt: skip
     assert (row["status"], row["attempts"]) == ("succeeded", 2)
     assert row["worker_id"] not in (None, a_worker)
-    assert receipt_jobs(dsn) == 1 and await fence(gw, name) == 2
+    assert receipt_jobs(procrastinate_dsn) == 1 and await fence(gw, name) == 2
     assert a.poll() is None
 
 
 async def test_a_stale_attempts_finish_and_retry_leave_the_newer_attempts_row_alone(
-    dsn: str,
+    procrastinate_dsn: str,
 ) -> None:
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=procrastinate_dsn))
     app.job_manager = FencedJobManager(connector=app.connector)
 
     @app.task(name="noop")
@@ -178,7 +177,7 @@ async def test_a_stale_attempts_finish_and_retry_leave_the_newer_attempts_row_al
         await jm.finish_job(a, Status.ABORTED, delete_job=False)
         await jm.finish_job(a, Status.SUCCEEDED, delete_job=True)
         await jm.retry_job(a)
-        row = job_row(dsn, job_id)
+        row = job_row(procrastinate_dsn, job_id)
         assert (row["status"], row["attempts"], row["worker_id"]) == ("doing", 1, b.worker_id)
         # B's finish is Procrastinate's own, and so is a current attempt's finish that deletes
         await jm.finish_job(b, Status.SUCCEEDED, delete_job=False)
@@ -186,21 +185,21 @@ async def test_a_stale_attempts_finish_and_retry_leave_the_newer_attempts_row_al
         c = await jm.fetch_job(queues=None, worker_id=await jm.register_worker())
         assert c is not None and c.id == other
         await jm.finish_job(c, Status.SUCCEEDED, delete_job=True)
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(procrastinate_dsn) as conn:
         gone = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE id = %s", (other,))
         assert gone.fetchone() == (0,)
-    row = job_row(dsn, job_id)
+    row = job_row(procrastinate_dsn, job_id)
     assert (row["status"], row["attempts"]) == ("succeeded", 2)
     assert row["events"] == [
         "deferred", "started", "scheduled", "deferred_for_retry", "started", "succeeded",
     ]  # fmt: skip
 
 
-def receipts_app(gw: Gateway, dsn: str, *, install: bool = True) -> tuple[Any, Any]:
+def receipts_app(gw: Gateway, procrastinate_dsn: str, *, install: bool = True) -> tuple[Any, Any]:
     """An app of one fenced receipt task whose job id is the job's lock (the order)."""
     base = str(gw.client.make_url("")).rstrip("/")
     fencing = ProcrastinateFencing(base, api_key=CLAIM_KEY, job_id="lock")
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=procrastinate_dsn))
     if install:
         fencing.install(app)
 
@@ -219,34 +218,34 @@ def receipts_app(gw: Gateway, dsn: str, *, install: bool = True) -> tuple[Any, A
 ONE_SHOT: Any = {"wait": False, "install_signal_handlers": False, "listen_notify": False}
 
 
-def statuses(dsn: str) -> list[tuple[str, int]]:
-    with psycopg.connect(dsn) as conn:
+def statuses(procrastinate_dsn: str) -> list[tuple[str, int]]:
+    with psycopg.connect(procrastinate_dsn) as conn:
         cur = conn.execute("SELECT status::text, attempts FROM procrastinate_jobs ORDER BY id")
         return [(str(r[0]), int(r[1])) for r in cur.fetchall()]
 
 
 async def test_a_second_row_of_a_completed_order_runs_nothing_and_succeeds(
-    gw: Gateway, dsn: str, upstream: Upstream
+    gw: Gateway, procrastinate_dsn: str, upstream: Upstream
 ) -> None:
-    app, receipt = receipts_app(gw, dsn)
+    app, receipt = receipts_app(gw, procrastinate_dsn)
     async with app.open_async():
         # the same order deferred twice (two rows, one lock): one fencegate job, allocated
         first = await receipt.configure(lock="order-9").defer_async(order_id="order-9")
         await receipt.configure(lock="order-9").defer_async(order_id="order-9")
         await app.run_worker_async(**ONE_SHOT)
-    assert statuses(dsn) == [("succeeded", 1), ("succeeded", 1)]
+    assert statuses(procrastinate_dsn) == [("succeeded", 1), ("succeeded", 1)]
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["order-9:receipt"]
     job = await (await gw.client.get("/v1/jobs/order-9", headers=gw.headers)).json()
     assert job["completion"]["result"] == {"order": "order-9", "row": first}
-    assert await registrations(gw, "order-9") == [("1", "procrastinate-workers")]
+    assert await registrations(gw, "order-9") == [("1", CLAIM_NAME)]
 
 
 async def test_a_fenced_task_in_an_app_without_the_fenced_manager_runs_nothing(
-    gw: Gateway, dsn: str, upstream: Upstream
+    gw: Gateway, procrastinate_dsn: str, upstream: Upstream
 ) -> None:
-    app, receipt = receipts_app(gw, dsn, install=False)
+    app, receipt = receipts_app(gw, procrastinate_dsn, install=False)
     async with app.open_async():
         await receipt.configure(lock="order-4").defer_async(order_id="order-4")
         await app.run_worker_async(**ONE_SHOT)
-    assert statuses(dsn) == [("failed", 1)]  # NotFencedApp, before any registration
+    assert statuses(procrastinate_dsn) == [("failed", 1)]  # NotFencedApp, before any registration
     assert upstream.received == [] and await fence(gw, "order-4") == 0

@@ -71,7 +71,7 @@ async def big() -> AsyncIterator[BigUpstream]:
 
 
 @pytest.fixture
-async def gw(make_gateway: Any, big: BigUpstream, secrets: None) -> Gateway:
+async def big_gw(make_gateway: Any, big: BigUpstream, secrets: None) -> Gateway:
     g: Gateway = await make_gateway(
         auth=auth(),
         upstreams={
@@ -102,29 +102,29 @@ async def record(g: Gateway, step: str, until: str) -> dict[str, Any]:
 
 
 async def test_a_body_over_the_cap_is_streamed_whole_and_recorded_by_digest(
-    gw: Gateway, big: BigUpstream
+    big_gw: Gateway, big: BigUpstream
 ) -> None:
     big.go.set()
-    gen = await register(gw, "r")
-    resp = await gw.client.post("/proxy/big/file", data=b"x", headers=fenced("r", "s", gen))
+    gen = await register(big_gw, "r")
+    resp = await big_gw.client.post("/proxy/big/file", data=b"x", headers=fenced("r", "s", gen))
     assert resp.status == 201
     assert (resp.headers["Fencegate-Outcome"], resp.headers["Request-Id"]) == ("forwarded", "big")
     assert resp.headers["Fencegate-Generation"] == str(gen) and resp.headers["X-Request-Id"]
     assert await resp.read() == BODY
-    doc = await record(gw, "s", "succeeded")
+    doc = await record(big_gw, "s", "succeeded")
     result = doc["result"]
     assert (result["size"], result["sha256"]) == (len(BODY), hashlib.sha256(BODY).hexdigest())
     assert result["omitted"] is True and result["streamed"] is True and "body" not in result
-    again = await gw.client.post("/proxy/big/file", data=b"x", headers=fenced("r", "s", gen))
+    again = await big_gw.client.post("/proxy/big/file", data=b"x", headers=fenced("r", "s", gen))
     assert (again.status, (await again.json())["code"]) == (502, "replay_unavailable")
     assert big.calls == 1
 
 
 async def test_a_client_hanging_up_mid_stream_leaves_the_whole_bodys_record(
-    gw: Gateway, big: BigUpstream
+    big_gw: Gateway, big: BigUpstream
 ) -> None:
-    gen = await register(gw, "r")
-    reader, writer = await asyncio.open_connection("127.0.0.1", gw.client.port)
+    gen = await register(big_gw, "r")
+    reader, writer = await asyncio.open_connection("127.0.0.1", big_gw.client.port)
     headers = fenced("r", "s", gen)
     lines = ["POST /proxy/big/file HTTP/1.1", "Host: 127.0.0.1", "Content-Length: 1",
              "Content-Type: application/octet-stream",
@@ -137,11 +137,11 @@ async def test_a_client_hanging_up_mid_stream_leaves_the_whole_bodys_record(
     await writer.wait_closed()
     big.go.set()  # the upstream sends the rest
     await asyncio.wait_for(big.finished.wait(), 10)
-    doc = await record(gw, "s", "succeeded")  # the effect happened: recorded as it was
+    doc = await record(big_gw, "s", "succeeded")  # the effect happened: recorded as it was
     result = doc["result"]
     assert (result["status"], result["size"]) == (201, len(BODY))
     assert result["sha256"] == hashlib.sha256(BODY).hexdigest()
-    again = await gw.client.post("/proxy/big/file", data=b"x", headers=headers)
+    again = await big_gw.client.post("/proxy/big/file", data=b"x", headers=headers)
     body = await again.json()
     assert (again.status, body["code"], body["size"]) == (502, "replay_unavailable", len(BODY))
     assert big.calls == 1  # never a second send
@@ -182,11 +182,11 @@ async def test_a_client_that_stops_reading_never_slows_the_upstream_or_its_recor
 
 
 async def test_an_upstream_breaking_off_mid_stream_is_unknown_and_the_client_sees_it_cut(
-    gw: Gateway, big: BigUpstream
+    big_gw: Gateway, big: BigUpstream
 ) -> None:
     big.broken = True
-    gen = await register(gw, "r")
-    url = gw.client.make_url("/proxy/big/file")
+    gen = await register(big_gw, "r")
+    url = big_gw.client.make_url("/proxy/big/file")
     async with (
         aiohttp.ClientSession() as http,
         http.post(url, data=b"x", headers=fenced("r", "s", gen)) as resp,
@@ -195,15 +195,15 @@ async def test_an_upstream_breaking_off_mid_stream_is_unknown_and_the_client_see
         big.go.set()
         with pytest.raises(aiohttp.ClientPayloadError):  # never a complete, short body
             await resp.read()
-    await record(gw, "s", "unknown")  # sent, and no complete answer: an operator resolves it
-    again = await gw.client.post("/proxy/big/file", data=b"x", headers=fenced("r", "s", gen))
+    await record(big_gw, "s", "unknown")  # sent, and no complete answer: an operator resolves it
+    again = await big_gw.client.post("/proxy/big/file", data=b"x", headers=fenced("r", "s", gen))
     assert (again.status, (await again.json())["code"]) == (409, "outcome_unknown")
     assert big.calls == 1
 
 
-async def test_a_read_over_the_cap_is_streamed_too(gw: Gateway, big: BigUpstream) -> None:
+async def test_a_read_over_the_cap_is_streamed_too(big_gw: Gateway, big: BigUpstream) -> None:
     big.go.set()
-    resp = await gw.client.get(
+    resp = await big_gw.client.get(
         "/proxy/big/file", headers={"Authorization": f"Bearer {KEYS['acme']}"}
     )
     assert resp.status == 201 and await resp.read() == BODY

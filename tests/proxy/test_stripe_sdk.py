@@ -27,7 +27,9 @@ async def peer() -> AsyncIterator[StripePeer]:
 
 
 @pytest.fixture
-async def gw(make_gateway: Any, peer: StripePeer, monkeypatch: pytest.MonkeyPatch) -> Gateway:
+async def stripe_gw(
+    make_gateway: Any, peer: StripePeer, monkeypatch: pytest.MonkeyPatch
+) -> Gateway:
     monkeypatch.setenv("ACME_STRIPE_KEY", peer.api_key)
     g: Gateway = await make_gateway(
         auth={
@@ -92,60 +94,60 @@ async def create(g: Gateway, job: str, step: str, token: int, amount: int = 2000
 
 
 async def test_a_payment_intent_is_created_once_across_sdk_retries_after_a_lost_response(
-    gw: Gateway, peer: StripePeer
+    stripe_gw: Gateway, peer: StripePeer
 ) -> None:
-    gen = await register(gw, "order-7")
+    gen = await register(stripe_gw, "order-7")
     peer.mode = "drop_once_after_create"  # the peer creates it, then the answer is lost
-    intent = await create(gw, "order-7", "charge", gen)
+    intent = await create(stripe_gw, "order-7", "charge", gen)
     assert intent.id == "pi_1" and intent.amount == 2000
     assert len(peer.created()) == 1
     # the SDK's first attempt was answered 504 "retry", its retry re-sent under the same key
-    assert attempts(gw) == 2
+    assert attempts(stripe_gw) == 2
     assert [key for _, key, _ in peer.requests] == ["acme/order-7:charge"] * 2
-    again = await create(gw, "order-7", "charge", gen)  # a later call of the step: a replay
+    again = await create(stripe_gw, "order-7", "charge", gen)  # a later call of the step: a replay
     assert again.id == "pi_1"
     assert len(peer.requests) == 2
 
 
 async def test_the_zombies_create_is_refused_with_one_attempt_and_the_sdks_own_error(
-    gw: Gateway, peer: StripePeer
+    stripe_gw: Gateway, peer: StripePeer
 ) -> None:
-    zombie = await register(gw, "order-7")
-    await register(gw, "order-7")  # taken over
+    zombie = await register(stripe_gw, "order-7")
+    await register(stripe_gw, "order-7")  # taken over
     with pytest.raises(stripe.APIError) as caught:
-        await create(gw, "order-7", "charge", zombie)
+        await create(stripe_gw, "order-7", "charge", zombie)
     err = caught.value
     assert err.http_status == 409
     assert err.error.code == "stale_generation"
     assert err.headers["Stripe-Should-Retry"] == "false"
-    assert attempts(gw) == 1  # the SDK (max_network_retries=2) did not retry
+    assert attempts(stripe_gw) == 1  # the SDK (max_network_retries=2) did not retry
     assert peer.requests == []
 
 
 async def test_another_request_on_the_step_raises_idempotency_error(
-    gw: Gateway, peer: StripePeer
+    stripe_gw: Gateway, peer: StripePeer
 ) -> None:
-    gen = await register(gw, "order-7")
-    await create(gw, "order-7", "charge", gen, amount=2000)
+    gen = await register(stripe_gw, "order-7")
+    await create(stripe_gw, "order-7", "charge", gen, amount=2000)
     with pytest.raises(stripe.IdempotencyError):
-        await create(gw, "order-7", "charge", gen, amount=2500)
-    assert attempts(gw) == 2
+        await create(stripe_gw, "order-7", "charge", gen, amount=2500)
+    assert attempts(stripe_gw) == 2
     assert len(peer.requests) == 1
 
 
-async def test_a_refund_is_fenced_the_same_way(gw: Gateway, peer: StripePeer) -> None:
-    gen = await register(gw, "order-7")
-    intent = await create(gw, "order-7", "charge", gen)
+async def test_a_refund_is_fenced_the_same_way(stripe_gw: Gateway, peer: StripePeer) -> None:
+    gen = await register(stripe_gw, "order-7")
+    intent = await create(stripe_gw, "order-7", "charge", gen)
     refund = await asyncio.to_thread(
-        client(gw).v1.refunds.create,
+        client(stripe_gw).v1.refunds.create,
         params={"payment_intent": intent.id, "amount": 500},
         options=fence("order-7", "refund", gen),
     )
     assert refund.object == "refund" and refund.payment_intent == intent.id
-    await register(gw, "order-7")
+    await register(stripe_gw, "order-7")
     with pytest.raises(stripe.APIError) as caught:
         await asyncio.to_thread(
-            client(gw).v1.refunds.create,
+            client(stripe_gw).v1.refunds.create,
             params={"payment_intent": intent.id, "amount": 500},
             options=fence("order-7", "refund-2", gen),
         )
@@ -157,39 +159,39 @@ async def test_a_refund_is_fenced_the_same_way(gw: Gateway, peer: StripePeer) ->
 
 
 async def test_a_card_decline_is_the_sdks_card_error_and_is_replayed(
-    gw: Gateway, peer: StripePeer
+    stripe_gw: Gateway, peer: StripePeer
 ) -> None:
-    gen = await register(gw, "order-7")
+    gen = await register(stripe_gw, "order-7")
     for _ in range(2):
         with pytest.raises(stripe.CardError) as caught:
-            await create(gw, "order-7", "charge", gen, amount=402)
+            await create(stripe_gw, "order-7", "charge", gen, amount=402)
         assert caught.value.code == "card_declined"
     assert caught.value.headers["Fencegate-Outcome"] == "replayed"
     assert len(peer.requests) == 1
 
 
 async def test_a_retrieve_is_a_read_passed_through_with_the_tenants_key(
-    gw: Gateway, peer: StripePeer
+    stripe_gw: Gateway, peer: StripePeer
 ) -> None:
-    gen = await register(gw, "order-7")
-    intent = await create(gw, "order-7", "charge", gen)
-    await register(gw, "order-7")  # reads are not fenced: a zombie may still read
-    found = await asyncio.to_thread(client(gw).v1.payment_intents.retrieve, intent.id)
+    gen = await register(stripe_gw, "order-7")
+    intent = await create(stripe_gw, "order-7", "charge", gen)
+    await register(stripe_gw, "order-7")  # reads are not fenced: a zombie may still read
+    found = await asyncio.to_thread(client(stripe_gw).v1.payment_intents.retrieve, intent.id)
     assert (found.id, found.amount) == (intent.id, 2000)
     with pytest.raises(stripe.InvalidRequestError):  # the peer's 404, as it answered
-        await asyncio.to_thread(client(gw).v1.payment_intents.retrieve, "pi_nope")
+        await asyncio.to_thread(client(stripe_gw).v1.payment_intents.retrieve, "pi_nope")
 
 
 async def test_the_sdks_stripe_http_client_fences_unchanged_calls_by_the_current_step(
-    gw: Gateway, peer: StripePeer
+    stripe_gw: Gateway, peer: StripePeer
 ) -> None:
     """gateway.client.stripe_client: the StripeClient keeps its own key and its calls; only
     its http_client is fencegate's, and the step comes from ``with job.step()``."""
     from gateway.client import SyncFencedJob
     from gateway.client.stripe_client import stripe_http_client
 
-    gateway_url = str(gw.client.make_url("/")).rstrip("/")
-    gen = await register(gw, "order-7")
+    gateway_url = str(stripe_gw.client.make_url("/")).rstrip("/")
+    gen = await register(stripe_gw, "order-7")
     job = SyncFencedJob(gateway_url, "order-7", gen, api_key=WORKER, heartbeat_interval=None)
     sdk = stripe.StripeClient(
         "sk_live_in_the_code",  # the worker's own Stripe key: never sent anywhere
@@ -207,7 +209,7 @@ async def test_the_sdks_stripe_http_client_fences_unchanged_calls_by_the_current
         assert again.id == intent.id == "pi_1"
         with pytest.raises(stripe.IdempotencyError):
             await asyncio.to_thread(charge, 2500)
-        await register(gw, "order-7")  # taken over: the zombie's next step is refused
+        await register(stripe_gw, "order-7")  # taken over: the zombie's next step is refused
         with pytest.raises(stripe.APIError) as caught:
             await asyncio.to_thread(charge, 2000)
         assert caught.value.error.code == "stale_generation"

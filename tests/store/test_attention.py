@@ -51,7 +51,7 @@ def as_(name: str, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def gw(make_gateway: Any) -> Gateway:
+async def keyed_gw(make_gateway: Any) -> Gateway:
     g: Gateway = await make_gateway(auth=auth(), fencing={"dispatch_timeout_seconds": 5})
     return g
 
@@ -106,78 +106,84 @@ async def resolve(gw: Gateway, job: str, step: str, key: str, outcome: str) -> A
 
 
 async def test_unknown_step_is_listed_and_leaves_when_resolved_by_a_named_key(
-    gw: Gateway, upstream: Upstream
+    keyed_gw: Gateway, upstream: Upstream
 ) -> None:
-    await register(gw, "r", 1)
-    await unknown(gw, upstream, "r", "notify")
-    page = await attention(gw, "alice")
+    await register(keyed_gw, "r", 1)
+    await unknown(keyed_gw, upstream, "r", "notify")
+    page = await attention(keyed_gw, "alice")
     [item] = page["items"]
     assert page["next_cursor"] is None
     assert (item["job_id"], item["step"], item["state"]) == ("r", "notify", "unknown")
     assert item["adapter"] == "hook" and item["attempts"] == 1 and item["generation"] == 1
     assert item["last_error"] and item["age_ms"] >= 0 and item["since"].endswith("Z")
-    assert [i["step"] for i in await store(gw).attention("a", limit=10)] == ["notify"]
+    assert [i["step"] for i in await store(keyed_gw).attention("a", limit=10)] == ["notify"]
 
-    resp = await resolve(gw, "r", "notify", "alice", "delivered")
+    resp = await resolve(keyed_gw, "r", "notify", "alice", "delivered")
     record = await resp.json()
     assert resp.status == 200 and record["resolved_by"] == "alice@example.com"
-    assert (await attention(gw, "alice"))["items"] == []
-    assert await store(gw).attention("a", limit=10) == []
+    assert (await attention(keyed_gw, "alice"))["items"] == []
+    assert await store(keyed_gw).attention("a", limit=10) == []
     # the audit entry names the key, the worker_id stays operator:<role> as before
-    entry = (await store(gw).history(JobKeys("a", "r")))[-1]
+    entry = (await store(keyed_gw).history(JobKeys("a", "r")))[-1]
     assert entry["reason"] == "operator_resolved_delivered" and entry["by"] == "alice@example.com"
     assert entry["worker_id"] == "operator:auditor"
     # and in the listings: the tenant feed's copy and the job's own stream
     for query in ({}, {"job": "r"}):
-        resp = await gw.client.get("/v1/audit/rejections", params=query, headers=as_("alice"))
+        resp = await keyed_gw.client.get("/v1/audit/rejections", params=query, headers=as_("alice"))
         [listed] = (await resp.json())["items"]
         assert listed["reason"] == "operator_resolved_delivered"
         assert listed["by"] == "alice@example.com", query
-    check = await store(gw).verify_audit()
+    check = await store(keyed_gw).verify_audit()
     assert check.broken == [] and check.entries == 2  # the registration and the resolution
 
 
-async def test_an_unnamed_key_is_recorded_by_its_role(gw: Gateway, upstream: Upstream) -> None:
-    await register(gw, "r", 1)
-    await unknown(gw, upstream, "r", "notify")
-    resp = await resolve(gw, "r", "notify", "anon", "not_delivered")
+async def test_an_unnamed_key_is_recorded_by_its_role(
+    keyed_gw: Gateway, upstream: Upstream
+) -> None:
+    await register(keyed_gw, "r", 1)
+    await unknown(keyed_gw, upstream, "r", "notify")
+    resp = await resolve(keyed_gw, "r", "notify", "anon", "not_delivered")
     assert resp.status == 200 and (await resp.json())["resolved_by"] == "auditor"
-    assert (await store(gw).history(JobKeys("a", "r")))[-1]["by"] == "auditor"
+    assert (await store(keyed_gw).history(JobKeys("a", "r")))[-1]["by"] == "auditor"
 
 
-async def test_two_tenants_never_see_each_others_steps(gw: Gateway, upstream: Upstream) -> None:
-    await register(gw, "r", 1)
-    await unknown(gw, upstream, "r", "notify")
-    resp = await gw.client.post(
+async def test_two_tenants_never_see_each_others_steps(
+    keyed_gw: Gateway, upstream: Upstream
+) -> None:
+    await register(keyed_gw, "r", 1)
+    await unknown(keyed_gw, upstream, "r", "notify")
+    resp = await keyed_gw.client.post(
         "/v1/jobs/r/generations", json={"generation": 1}, headers=as_("b")
     )  # the same job id in tenant b
     assert resp.status == 201
-    await unknown(gw, upstream, "r", "mail", key="b")
-    a = await attention(gw, "alice")
-    b = await attention(gw, "b")
+    await unknown(keyed_gw, upstream, "r", "mail", key="b")
+    a = await attention(keyed_gw, "alice")
+    b = await attention(keyed_gw, "b")
     assert [i["step"] for i in a["items"]] == ["notify"]
     assert [i["step"] for i in b["items"]] == ["mail"]
-    assert [i["step"] for i in await store(gw).attention("b", limit=10)] == ["mail"]
+    assert [i["step"] for i in await store(keyed_gw).attention("b", limit=10)] == ["mail"]
     # b cannot resolve a's step (it is not in b's namespace), nor a b's
-    assert (await resolve(gw, "r", "notify", "b", "delivered")).status == 404
-    assert (await resolve(gw, "r", "mail", "alice", "delivered")).status == 404
+    assert (await resolve(keyed_gw, "r", "notify", "b", "delivered")).status == 404
+    assert (await resolve(keyed_gw, "r", "mail", "alice", "delivered")).status == 404
     # a hint planted in the wrong tenant's key is not believed
-    client = store(gw).client
+    client = store(keyed_gw).client
     await client.zadd(needs_hint("b"), {JobKeys("a", "r").member("notify"): 1})
-    assert [i["step"] for i in (await attention(gw, "b"))["items"]] == ["mail"]
+    assert [i["step"] for i in (await attention(keyed_gw, "b"))["items"]] == ["mail"]
 
 
-async def test_a_lost_hint_is_repaired_by_the_reconciler(gw: Gateway, upstream: Upstream) -> None:
+async def test_a_lost_hint_is_repaired_by_the_reconciler(
+    keyed_gw: Gateway, upstream: Upstream
+) -> None:
     """A crash between the verdict (the script indexed the step in its slot) and the hint."""
-    await register(gw, "r", 1)
-    await unknown(gw, upstream, "r", "notify")
-    client = store(gw).client
+    await register(keyed_gw, "r", 1)
+    await unknown(keyed_gw, upstream, "r", "notify")
+    client = store(keyed_gw).client
     await client.delete(needs_hint("a"))  # the hint never got written
-    assert (await attention(gw, "alice"))["items"] == []
+    assert (await attention(keyed_gw, "alice"))["items"] == []
     assert await client.zscore(JobKeys("a", "r").needs, JobKeys("a", "r").member("notify"))
-    stats = await store(gw).reconcile_attention()
+    stats = await store(keyed_gw).reconcile_attention()
     assert stats["hinted"] == 1 and stats["repaired"] == 0
-    assert [i["step"] for i in (await attention(gw, "alice"))["items"]] == ["notify"]
+    assert [i["step"] for i in (await attention(keyed_gw, "alice"))["items"]] == ["notify"]
 
 
 async def test_a_dispatch_past_its_deadline_is_found_by_the_reconciler_and_resolvable(
@@ -207,57 +213,59 @@ async def test_a_dispatch_past_its_deadline_is_found_by_the_reconciler_and_resol
 
 
 async def test_one_gateway_of_the_deployment_reconciles_per_interval(
-    gw: Gateway, make_gateway: Any
+    keyed_gw: Gateway, make_gateway: Any
 ) -> None:
     other = await make_gateway(auth=auth())
-    assert await store(gw).needs.take_turn(2000) is True
+    assert await store(keyed_gw).needs.take_turn(2000) is True
     assert await store(other).needs.take_turn(2000) is False  # the interval is taken
-    assert await store(gw).needs.take_turn(2000) is False
+    assert await store(keyed_gw).needs.take_turn(2000) is False
     await asyncio.sleep(2.0)
     assert await store(other).needs.take_turn(2000) is True  # the next interval
 
 
 async def test_an_expired_record_is_repaired_out_of_the_index(
-    gw: Gateway, upstream: Upstream
+    keyed_gw: Gateway, upstream: Upstream
 ) -> None:
-    await register(gw, "r", 1)
-    await unknown(gw, upstream, "r", "notify")
+    await register(keyed_gw, "r", 1)
+    await unknown(keyed_gw, upstream, "r", "notify")
     keys = JobKeys("a", "r")
-    client = store(gw).client
+    client = store(keyed_gw).client
     await client.delete(keys.effect("notify"))  # its retention ran out, unresolved
-    assert (await attention(gw, "alice"))["items"] == []  # the record is the judge
-    stats = await store(gw).reconcile_attention()
+    assert (await attention(keyed_gw, "alice"))["items"] == []  # the record is the judge
+    stats = await store(keyed_gw).reconcile_attention()
     assert stats["repaired"] == 1 and stats["dropped"] == 1
     assert await client.zscore(keys.needs, keys.member("notify")) is None
     assert await client.zscore(needs_hint("a"), keys.member("notify")) is None
 
 
-async def test_a_stale_hint_is_skipped_and_dropped_at_read(gw: Gateway) -> None:
-    await register(gw, "r", 1)
-    assert await effect(gw, "r", "done", 1) == 200
+async def test_a_stale_hint_is_skipped_and_dropped_at_read(keyed_gw: Gateway) -> None:
+    await register(keyed_gw, "r", 1)
+    assert await effect(keyed_gw, "r", "done", 1) == 200
     keys = JobKeys("a", "r")
-    client = store(gw).client
+    client = store(keyed_gw).client
     await client.zadd(needs_hint("a"), {keys.member("done"): 1})
-    assert (await attention(gw, "alice"))["items"] == []
+    assert (await attention(keyed_gw, "alice"))["items"] == []
     assert await client.zscore(needs_hint("a"), keys.member("done")) is None
 
 
-async def test_a_worker_key_cannot_list_and_bad_queries_are_400(gw: Gateway) -> None:
-    assert (await gw.client.get("/v1/attention", headers=as_("work"))).status == 403
-    assert (await gw.client.get("/v1/attention")).status == 401
+async def test_a_worker_key_cannot_list_and_bad_queries_are_400(keyed_gw: Gateway) -> None:
+    assert (await keyed_gw.client.get("/v1/attention", headers=as_("work"))).status == 403
+    assert (await keyed_gw.client.get("/v1/attention")).status == 401
     for query in ({"limit": "0"}, {"limit": "x"}, {"cursor": "!!"}, {"cursor": "bm90LWpzb24"}):
-        resp = await gw.client.get("/v1/attention", params=query, headers=as_("alice"))
+        resp = await keyed_gw.client.get("/v1/attention", params=query, headers=as_("alice"))
         body = await resp.json()
         assert resp.status == 400 and body["code"] == "invalid_request", (query, body)
 
 
-async def test_the_api_pages_with_its_cursor(gw: Gateway, upstream: Upstream) -> None:
-    await register(gw, "r", 1)
+async def test_the_api_pages_with_its_cursor(keyed_gw: Gateway, upstream: Upstream) -> None:
+    await register(keyed_gw, "r", 1)
     for i in range(5):
-        await unknown(gw, upstream, "r", f"s{i}")
+        await unknown(keyed_gw, upstream, "r", f"s{i}")
     seen, cursor = [], None
     while True:
-        page = await attention(gw, "alice", limit="2", **({"cursor": cursor} if cursor else {}))
+        page = await attention(
+            keyed_gw, "alice", limit="2", **({"cursor": cursor} if cursor else {})
+        )
         seen += [i["step"] for i in page["items"]]
         cursor = page["next_cursor"]
         if cursor is None:
@@ -283,9 +291,9 @@ entries = st.lists(
 )
 @given(rows=entries, limit=st.integers(min_value=1, max_value=6))
 async def test_paging_returns_each_step_once_in_order(
-    gw: Gateway, rows: list[tuple[str, str, int, str]], limit: int
+    keyed_gw: Gateway, rows: list[tuple[str, str, int, str]], limit: int
 ) -> None:
-    client = store(gw).client
+    client = store(keyed_gw).client
     await client.delete(needs_hint("p"))
     expected = []
     for job, step, score, state in rows:
@@ -304,7 +312,7 @@ async def test_paging_returns_each_step_once_in_order(
     got: list[tuple[int, str]] = []
     after = None
     for _ in range(100):
-        page = await store(gw).attention("p", limit=limit, after=after)
+        page = await store(keyed_gw).attention("p", limit=limit, after=after)
         assert len(page) <= limit
         got += [decode_cursor(i["cursor"]) for i in page]
         if len(page) < limit:
@@ -317,13 +325,13 @@ async def test_paging_returns_each_step_once_in_order(
 
 
 async def test_registrations_are_in_the_job_chain_with_who_and_the_old_fence(
-    gw: Gateway,
+    keyed_gw: Gateway,
 ) -> None:
-    await register(gw, "r", 1)
-    await register(gw, "r", 1)  # already current: no new registration
-    await register(gw, "r", 4)
-    assert await effect(gw, "r", "s", 1) == 409  # the zombie of generation 1
-    history = await store(gw).history(JobKeys("a", "r"))
+    await register(keyed_gw, "r", 1)
+    await register(keyed_gw, "r", 1)  # already current: no new registration
+    await register(keyed_gw, "r", 4)
+    assert await effect(keyed_gw, "r", "s", 1) == 409  # the zombie of generation 1
+    history = await store(keyed_gw).history(JobKeys("a", "r"))
     regs = [e for e in history if e.get("event") == "registered"]
     assert [(e["generation"], e["previous"], e["by"]) for e in regs] == [
         ("1", "0", "ci-scheduler"),
@@ -333,21 +341,25 @@ async def test_registrations_are_in_the_job_chain_with_who_and_the_old_fence(
         "registered", "registered", "stale_generation",
     ]  # fmt: skip
     assert int(regs[0]["at"]) <= int(regs[1]["at"]) <= int(history[2]["at"])
-    check = await store(gw).verify_audit()
+    check = await store(keyed_gw).verify_audit()
     assert check.broken == [] and check.entries == 3
     # the rejections listing of the job leaves registrations out
-    resp = await gw.client.get("/v1/audit/rejections", params={"job": "r"}, headers=as_("alice"))
+    resp = await keyed_gw.client.get(
+        "/v1/audit/rejections", params={"job": "r"}, headers=as_("alice")
+    )
     assert [e["reason"] for e in (await resp.json())["items"]] == ["stale_generation"]
 
 
-async def test_rejections_listing_pages_past_registrations(gw: Gateway) -> None:
+async def test_rejections_listing_pages_past_registrations(keyed_gw: Gateway) -> None:
     for gen in range(1, 6):
-        await register(gw, "r", gen)
-        assert await effect(gw, "r", "s", gen - 1 or 9) == 409
+        await register(keyed_gw, "r", gen)
+        assert await effect(keyed_gw, "r", "s", gen - 1 or 9) == 409
     seen, cursor = [], None
     while True:
         params = {"job": "r", "limit": "1", **({"cursor": cursor} if cursor else {})}
-        resp = await gw.client.get("/v1/audit/rejections", params=params, headers=as_("alice"))
+        resp = await keyed_gw.client.get(
+            "/v1/audit/rejections", params=params, headers=as_("alice")
+        )
         page = await resp.json()
         seen += [(e["reason"], e["presented"]) for e in page["items"]]
         cursor = page["next_cursor"]
@@ -362,13 +374,13 @@ async def test_rejections_listing_pages_past_registrations(gw: Gateway) -> None:
 async def test_an_implicit_registration_is_recorded_by_the_deciding_script(
     make_gateway: Any,
 ) -> None:
-    gw = await make_gateway(auth=auth(), fencing={"registration": "implicit"})
-    assert await effect(gw, "r", "s1", 3) == 200  # raises the fence to 3
-    resp = await gw.client.post(
+    keyed_gw = await make_gateway(auth=auth(), fencing={"registration": "implicit"})
+    assert await effect(keyed_gw, "r", "s1", 3) == 200  # raises the fence to 3
+    resp = await keyed_gw.client.post(
         "/v1/jobs/r/fence", headers=as_("work", **{"Fencing-Token": "5", "Worker-Id": "w-5"})
     )
     assert resp.status == 200
-    regs = [e for e in await store(gw).history(JobKeys("a", "r")) if e.get("event")]
+    regs = [e for e in await store(keyed_gw).history(JobKeys("a", "r")) if e.get("event")]
     assert [(e["generation"], e["previous"], e["by"], e["mode"]) for e in regs] == [
         ("3", "0", "worker-fleet", "implicit"),
         ("5", "3", "worker-fleet", "implicit"),
@@ -376,65 +388,67 @@ async def test_an_implicit_registration_is_recorded_by_the_deciding_script(
     assert regs[1]["worker_id"] == "w-5"
     # a checkpoint and a completion raise the fence too: registrations as well
     tok = {"Fencing-Token": "6", "Worker-Id": "w-6"}
-    resp = await gw.client.put(
+    resp = await keyed_gw.client.put(
         "/v1/jobs/r/checkpoints/c", json={"p": 1}, headers=as_("work", **tok)
     )
     assert resp.status == 200, await resp.text()
     tok = {"Fencing-Token": "7", "Worker-Id": "w-7"}
-    resp = await gw.client.post("/v1/jobs/r/complete", json={}, headers=as_("work", **tok))
+    resp = await keyed_gw.client.post("/v1/jobs/r/complete", json={}, headers=as_("work", **tok))
     assert resp.status in (200, 201), await resp.text()
-    regs = [e for e in await store(gw).history(JobKeys("a", "r")) if e.get("event")]
+    regs = [e for e in await store(keyed_gw).history(JobKeys("a", "r")) if e.get("event")]
     assert [(e["generation"], e["previous"], e["by"], e["worker_id"]) for e in regs[2:]] == [
         ("6", "5", "worker-fleet", "w-6"),
         ("7", "6", "worker-fleet", "w-7"),
     ]
-    assert (await store(gw).verify_audit()).broken == []
+    assert (await store(keyed_gw).verify_audit()).broken == []
 
 
 async def test_an_output_upload_raising_the_fence_is_a_registration(
     make_gateway: Any, tmp_path: Any
 ) -> None:
     outputs = {"store": "file", "path": str(tmp_path / "objects"), "sweep_interval_seconds": 0}
-    gw = await make_gateway(auth=auth(), fencing={"registration": "implicit"}, outputs=outputs)
+    keyed_gw = await make_gateway(
+        auth=auth(), fencing={"registration": "implicit"}, outputs=outputs
+    )
     tok = {"Fencing-Token": "2", "Worker-Id": "w-2", "Content-Type": "text/plain"}
-    resp = await gw.client.put(
+    resp = await keyed_gw.client.put(
         "/v1/jobs/r/outputs/report.txt", data=b"hi", headers=as_("work", **tok)
     )
     assert resp.status == 201, await resp.text()
-    [reg] = [e for e in await store(gw).history(JobKeys("a", "r")) if e.get("event")]
+    [reg] = [e for e in await store(keyed_gw).history(JobKeys("a", "r")) if e.get("event")]
     assert (reg["generation"], reg["previous"], reg["by"], reg["worker_id"]) == (
         "2", "0", "worker-fleet", "w-2",
     )  # fmt: skip
-    assert (await store(gw).verify_audit()).broken == []
+    assert (await store(keyed_gw).verify_audit()).broken == []
 
 
 # -- overview, chain check, key names ---------------------------------------------------
 
 
-async def test_overview_counts_from_redis(gw: Gateway, upstream: Upstream) -> None:
-    await register(gw, "r", 2)
-    assert await effect(gw, "r", "s", 1) == 409
-    assert await effect(gw, "r", "s", 1) == 409
-    assert await effect(gw, "r", "s", 7) == 409
-    await register(gw, "q", 1)
-    await unknown(gw, upstream, "q", "n")
-    now = int((await store(gw).client.time())[0]) * 1000 + 1000
-    view = await store(gw).overview("a", now_ms=now)
+async def test_overview_counts_from_redis(keyed_gw: Gateway, upstream: Upstream) -> None:
+    await register(keyed_gw, "r", 2)
+    assert await effect(keyed_gw, "r", "s", 1) == 409
+    assert await effect(keyed_gw, "r", "s", 1) == 409
+    assert await effect(keyed_gw, "r", "s", 7) == 409
+    await register(keyed_gw, "q", 1)
+    await unknown(keyed_gw, upstream, "q", "n")
+    now = int((await store(keyed_gw).client.time())[0]) * 1000 + 1000
+    view = await store(keyed_gw).overview("a", now_ms=now)
     assert view["rejections_last_hour"] == {"stale_generation": 2, "unregistered_generation": 1}
     assert view["rejections_total_last_hour"] == 3 and view["open_unknowns"] == 1
     assert view["overdue_dispatches"] == 0 and view["last_chain_check"] is None
-    assert (await store(gw).overview("b", now_ms=now))["rejections_total_last_hour"] == 0
+    assert (await store(keyed_gw).overview("b", now_ms=now))["rejections_total_last_hour"] == 0
     # an hour later those rejections are out of the window
-    later = await store(gw).overview("a", now_ms=now + 3_600_000 + 5000)
+    later = await store(keyed_gw).overview("a", now_ms=now + 3_600_000 + 5000)
     assert later["rejections_total_last_hour"] == 0
 
-    await store(gw).record_chain_check(
+    await store(keyed_gw).record_chain_check(
         "a", {"at_ms": now, "jobs": 2, "entries": 6, "problems": ["x"] * 300}
     )
-    kept = (await store(gw).overview("a", now_ms=now))["last_chain_check"]
+    kept = (await store(keyed_gw).overview("a", now_ms=now))["last_chain_check"]
     assert kept["jobs"] == 2 and kept["problems_total"] == 300 and len(kept["problems"]) == 200
-    assert (await store(gw).overview("b", now_ms=now))["last_chain_check"] is None
-    raw = await store(gw).client.get("fg:chain:t:a")
+    assert (await store(keyed_gw).overview("b", now_ms=now))["last_chain_check"] is None
+    raw = await store(keyed_gw).client.get("fg:chain:t:a")
     assert json.loads(raw)["entries"] == 6
 
 

@@ -39,7 +39,7 @@ def replicas(tmp_path: Path) -> Iterator[ReplicaSet]:
 
 
 @pytest.fixture
-async def gateways(upstream: Upstream, tmp_path: Path) -> AsyncIterator[Any]:
+async def replicated_gateways(upstream: Upstream, tmp_path: Path) -> AsyncIterator[Any]:
     """Gateways on a given URL, each with its own data dir (its own slot marks)."""
     clients: list[TestClient[Any, Any]] = []
 
@@ -87,9 +87,9 @@ async def metric(gw: Gateway, name: str) -> float:
 
 
 async def test_a_stopped_replica_withholds_every_verdict(
-    replicas: ReplicaSet, gateways: Any, upstream: Upstream
+    replicas: ReplicaSet, replicated_gateways: Any, upstream: Upstream
 ) -> None:
-    gw: Gateway = await gateways(replicas.primary.url, "a")
+    gw: Gateway = await replicated_gateways(replicas.primary.url, "a")
     assert (await gw.register("j", generation=2)).status == 201
     assert (await gw.effect("j", "before", 2)).status == 200
     assert await status(await gw.effect("j", "stale", 1)) == (409, "stale_generation")
@@ -140,11 +140,11 @@ async def test_a_stopped_replica_withholds_every_verdict(
 
 
 async def test_a_retry_on_a_fresh_connection_gets_no_free_pass(
-    replicas: ReplicaSet, gateways: Any, upstream: Upstream
+    replicas: ReplicaSet, replicated_gateways: Any, upstream: Upstream
 ) -> None:
     """The covering write: a call that writes nothing (already current, a replay) on a
     connection that wrote nothing must still wait for what it read to reach the replica."""
-    first: Gateway = await gateways(replicas.primary.url, "first")
+    first: Gateway = await replicated_gateways(replicas.primary.url, "first")
     assert (await first.register("j", generation=1)).status == 201
     replicas.replicas[0].pause()
     try:
@@ -152,7 +152,7 @@ async def test_a_retry_on_a_fresh_connection_gets_no_free_pass(
         assert await status(await first.register("j", generation=2)) == (503, "store_unavailable")
         # the primary has it (not the replica): a retry through a fresh gateway finds it
         # "already current", a read; WAITAOF alone would confirm that at once
-        fresh: Gateway = await gateways(replicas.primary.url, "fresh")
+        fresh: Gateway = await replicated_gateways(replicas.primary.url, "fresh")
         assert await status(await fresh.register("j", generation=2)) == (503, "store_unavailable")
         assert await status(await fresh.effect("j", "s", 2)) == (503, "store_unavailable")
         assert upstream.received == []
@@ -178,7 +178,7 @@ def _fill(rs: ReplicaSet, megabytes: int = 40) -> None:
 
 
 async def _loss_scenario(
-    rs: ReplicaSet, gateways: Any, upstream: Upstream, replicas_acked: int
+    rs: ReplicaSet, replicated_gateways: Any, upstream: Upstream, replicas_acked: int
 ) -> tuple[int, int]:
     """register(1); worker effects via gateway B; the replica held behind; register(2) via
     gateway A; kill -9 of the primary; the replica promoted; the old primary back as its
@@ -186,8 +186,8 @@ async def _loss_scenario(
     proxy = await WireProxy(rs.primary.port).start()  # "the Redis address" the gateways use
     url = f"redis://127.0.0.1:{proxy.port}"
     try:
-        scheduler: Gateway = await gateways(url, "a", replicas_acked)
-        worker: Gateway = await gateways(url, "b", replicas_acked)
+        scheduler: Gateway = await replicated_gateways(url, "a", replicas_acked)
+        worker: Gateway = await replicated_gateways(url, "b", replicas_acked)
         assert (await scheduler.register("j", generation=1)).status == 201
         assert (await worker.effect("j", "s1", 1)).status == 200
         replica = rs.replicas[0]
@@ -224,30 +224,32 @@ async def _created(gw: Gateway) -> bool:
 
 
 async def test_loss_scenario_with_r0_admits_a_zombie(
-    replicas: ReplicaSet, gateways: Any, upstream: Upstream
+    replicas: ReplicaSet, replicated_gateways: Any, upstream: Upstream
 ) -> None:
     """Why replicas_acked exists: R = 0 acknowledges the registration, the failover loses
     it, and the worker of generation 1 (a zombie) is admitted and dispatched."""
-    registered, zombie = await _loss_scenario(replicas, gateways, upstream, 0)
+    registered, zombie = await _loss_scenario(replicas, replicated_gateways, upstream, 0)
     assert registered == 201  # acknowledged ...
     assert zombie == 200  # ... and lost: the zombie went through
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["j:s1", "j:s2"]
 
 
 async def test_loss_scenario_with_r1_never_acknowledges_what_it_loses(
-    replicas: ReplicaSet, gateways: Any, upstream: Upstream
+    replicas: ReplicaSet, replicated_gateways: Any, upstream: Upstream
 ) -> None:
-    registered, zombie = await _loss_scenario(replicas, gateways, upstream, 1)
+    registered, zombie = await _loss_scenario(replicas, replicated_gateways, upstream, 1)
     assert registered == 503  # never acknowledged: the scheduler knew to register again
     assert zombie == 409  # the re-registration was acknowledged: the zombie is refused
     # only generation 1's step from before the registration
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["j:s1"]
 
 
-async def test_readiness_follows_the_topology(replicas: ReplicaSet, gateways: Any) -> None:
+async def test_readiness_follows_the_topology(
+    replicas: ReplicaSet, replicated_gateways: Any
+) -> None:
     """Checked periodically: a second replica (WAIT 1 may then be satisfied by a replica
     other than the one promoted) makes /readyz 503, and its removal ready again."""
-    gw: Gateway = await gateways(replicas.primary.url, "a")
+    gw: Gateway = await replicated_gateways(replicas.primary.url, "a")
 
     async def ready() -> dict[str, bool]:
         resp = await gw.client.get("/readyz")
@@ -272,7 +274,7 @@ async def test_readiness_follows_the_topology(replicas: ReplicaSet, gateways: An
 
 
 async def test_an_unacknowledged_admit_that_survives_a_failover_is_released(
-    tmp_path: Path, gateways: Any, upstream: Upstream
+    tmp_path: Path, replicated_gateways: Any, upstream: Upstream
 ) -> None:
     """The admit ran and its write reached the replica (WAIT counted it), but the replica did
     not fsync it in time (WAITAOF): 503, nothing sent. The replica is then promoted with the
@@ -288,7 +290,7 @@ async def test_an_unacknowledged_admit_that_survives_a_failover_is_released(
         for _ in range(1000):
             proxy.arm(Fault("reset", void, label="void"), within=120)
         url = f"redis://127.0.0.1:{proxy.port}"
-        gw: Gateway = await gateways(url, "a", replica_ack_timeout_ms=20)
+        gw: Gateway = await replicated_gateways(url, "a", replica_ack_timeout_ms=20)
         for _ in range(50):  # a register acknowledged by luck (the fsync fell in the window)
             if (await gw.register("j", generation=1)).status in (200, 201):
                 break
@@ -340,11 +342,11 @@ async def test_an_unacknowledged_admit_that_survives_a_failover_is_released(
 
 
 async def test_the_gateway_s_connections_name_fencegate_to_the_server(
-    replicas: ReplicaSet, gateways: Any
+    replicas: ReplicaSet, replicated_gateways: Any
 ) -> None:
     """CLIENT SETINFO (Redis >= 7.2, Valkey): an operator's CLIENT LIST tells fencegate's
     connections apart from other redis-py clients."""
-    gw: Gateway = await gateways(replicas.primary.url, "a")
+    gw: Gateway = await replicated_gateways(replicas.primary.url, "a")
     assert (await gw.register("j", generation=1)).status == 201
     names = {(c.get("lib-name"), c.get("lib-ver")) for c in replicas.primary.client().client_list()}
     assert (f"redis-py(fencegate_v{__version__})", redis.__version__) in names

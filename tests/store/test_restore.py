@@ -32,7 +32,9 @@ from tests.support.processes import DurableRedis, Serve, children_of, init, wait
 
 
 @pytest.fixture
-async def gateways(durable: DurableRedis, upstream: Upstream, tmp_path: Path) -> AsyncIterator[Any]:
+async def durable_gateways(
+    durable: DurableRedis, upstream: Upstream, tmp_path: Path
+) -> AsyncIterator[Any]:
     """In-process gateways on the test's own Redis; ``data`` names the data dir."""
     clients: list[TestClient[Any, Any]] = []
 
@@ -82,11 +84,11 @@ async def register2_after_backup(gw: Gateway, durable: DurableRedis, tmp_path: P
 
 
 async def test_restored_backup_refused_while_the_gateway_runs(
-    gateways: Any, durable: DurableRedis, upstream: Upstream, tmp_path: Path
+    durable_gateways: Any, durable: DurableRedis, upstream: Upstream, tmp_path: Path
 ) -> None:
     """The gateway keeps running across the restore: its in-memory marks refuse the restored
     slot on the next call, and its periodic check quarantines the whole Redis."""
-    gw: Gateway = await gateways()
+    gw: Gateway = await durable_gateways()
     backup = await register2_after_backup(gw, durable, tmp_path)
     durable.restore(backup)
     c = durable.client()
@@ -114,11 +116,11 @@ async def test_restored_backup_refused_while_the_gateway_runs(
 
 
 async def test_restored_backup_refused_by_a_restarted_gateway(
-    gateways: Any, durable: DurableRedis, upstream: Upstream, tmp_path: Path
+    durable_gateways: Any, durable: DurableRedis, upstream: Upstream, tmp_path: Path
 ) -> None:
     """The backup was taken after the last epoch bump, and the gateway
     restarts on the restored Redis. Its persisted slot marks refuse it at start."""
-    gw: Gateway = await gateways()
+    gw: Gateway = await durable_gateways()
     backup = await register2_after_backup(gw, durable, tmp_path)
     await gw.client.close()  # a clean stop writes the marks of the last writes
     durable.restore(backup)
@@ -126,7 +128,7 @@ async def test_restored_backup_refused_by_a_restarted_gateway(
     restored_counter = int(c.get(JobKeys("default", "r").marker))
     # the old check alone would pass this Redis: its epoch is the one the gateway last saw
     assert int(c.get(EPOCH)) == statefile.read(state_file(tmp_path)).epoch
-    again: Gateway = await gateways()  # the same data dir
+    again: Gateway = await durable_gateways()  # the same data dir
     assert await code(await again.effect("r", "a", 1)) == (503, "store_unavailable")
     assert await code(await again.register("r", generation=3)) == (503, "store_unavailable")
     assert (await again.client.get("/readyz")).status == 503
@@ -144,12 +146,12 @@ async def test_restored_backup_refused_by_a_restarted_gateway(
 
 
 async def test_a_wiped_redis_is_not_initialised_by_a_gateway_with_a_fresh_data_dir(
-    gateways: Any, durable: DurableRedis, upstream: Upstream, tmp_path: Path
+    durable_gateways: Any, durable: DurableRedis, upstream: Upstream, tmp_path: Path
 ) -> None:
     """An external Redis is initialised by `fencegate init`, never by a starting gateway: a
     new gateway with a fresh data dir meeting a wiped Redis does not send a completed step
     again."""
-    first: Gateway = await gateways("first", auto_init=False)
+    first: Gateway = await durable_gateways("first", auto_init=False)
     refused = await first.register("r", generation=1)
     assert await code(refused) == (503, "store_unavailable")
     assert "fencegate init" in (await refused.json())["detail"]
@@ -161,7 +163,9 @@ async def test_a_wiped_redis_is_not_initialised_by_a_gateway_with_a_fresh_data_d
     assert (await first.effect("r", "notify", 1)).status == 200
     c.flushall()  # the Redis is wiped (or replaced by an empty one)
     assert await readiness(first) == (503, "marker_missing", "wiped")  # its data dir knows
-    fresh: Gateway = await gateways("fresh", auto_init=False)  # the default outside the tests
+    fresh: Gateway = await durable_gateways(
+        "fresh", auto_init=False
+    )  # the default outside the tests
     assert await readiness(fresh) == (503, "marker_missing", "uninitialised")
     reg = await fresh.register("r", generation=1)
     assert await code(reg) == (503, "store_unavailable")
@@ -195,13 +199,13 @@ async def test_a_slot_read_below_its_mark_is_read_again_before_a_quarantine(
 
 
 async def test_a_confirmed_init_is_not_quarantined_by_a_gateway_with_another_data_dir(
-    gateways: Any, durable: DurableRedis
+    durable_gateways: Any, durable: DurableRedis
 ) -> None:
     """`fencegate init --confirm-data-loss` resets the state file of the data dir it runs
     with; a gateway of another data dir (another host) recorded a higher epoch before the loss
     and must not take the new baseline for a restored snapshot (no quarantine, it serves)."""
-    a: Gateway = await gateways("a")
-    b: Gateway = await gateways("b")
+    a: Gateway = await durable_gateways("a")
+    b: Gateway = await durable_gateways("b")
     for gw in (a, b, a, b):  # both record epochs (their periodic checks)
         assert await gw.app[K.STORE].heartbeat_epoch() is True
     assert (await b.register("r", generation=3)).status == 201
@@ -318,11 +322,11 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 async def test_a_redis_made_volatile_while_serving_is_noticed_by_the_periodic_check(
-    gateways: Any, durable: DurableRedis
+    durable_gateways: Any, durable: DurableRedis
 ) -> None:
     """`CONFIG SET appendfsync everysec` after the start: the next periodic check logs
     `redis_not_durable` and `/readyz` turns 503 (`durable`); set back, it is ready again."""
-    gw: Gateway = await gateways(epoch_interval_seconds=0.1)
+    gw: Gateway = await durable_gateways(epoch_interval_seconds=0.1)
     c = durable.client()
     assert (await gw.client.get("/readyz")).status == 200
     c.config_set("appendfsync", "everysec")

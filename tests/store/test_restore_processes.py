@@ -73,7 +73,7 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
+def threaded_receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.server.shutdown()
@@ -145,13 +145,13 @@ def quarantined(durable: DurableRedis) -> dict[str, Any] | None:
 
 
 def test_a_restored_backup_is_refused_by_every_worker_of_one_serve(
-    tmp_path: Path, durable: DurableRedis, receiver: Receiver, serves: list[Serve]
+    tmp_path: Path, durable: DurableRedis, threaded_receiver: Receiver, serves: list[Serve]
 ) -> None:
     """`serve --workers 2` on one data dir: whichever worker saw generation 2's writes, every
     worker refuses generation 1 on the restored Redis from its first call; the first refusal
     quarantines Redis for all."""
     assert ONE_HOST in DOCS
-    cfg = config(tmp_path, "gw", durable.url, receiver.url)
+    cfg = config(tmp_path, "gw", durable.url, threaded_receiver.url)
     assert init(cfg, tmp_path).returncode == 0
     s = Serve(tmp_path, cfg, "--workers", "2")
     serves.append(s)
@@ -166,7 +166,9 @@ def test_a_restored_backup_is_refused_by_every_worker_of_one_serve(
     # 30 calls on fresh connections: the kernel spreads them over both workers
     answers = [effect(s, "r", step, 1) for step in ("notify", "ship", "bill") for _ in range(10)]
     assert set(answers) == {(503, "store_unavailable")}, answers
-    assert receiver.tokens() == ["2"], "generation 1 reached the downstream after the restore"
+    assert threaded_receiver.tokens() == ["2"], (
+        "generation 1 reached the downstream after the restore"
+    )
     # whichever came first: a worker's call on the slot, or a worker's witness tick
     cause = quarantined(durable)
     assert cause is not None, "not quarantined"
@@ -256,7 +258,7 @@ def same_slot_jobs(job: str, n: int) -> list[str]:
 
 
 def test_another_hosts_writes_cannot_hide_a_restore_from_the_host_that_saw_the_lost_writes(
-    tmp_path: Path, durable: DurableRedis, receiver: Receiver, serves: list[Serve]
+    tmp_path: Path, durable: DurableRedis, threaded_receiver: Receiver, serves: list[Serve]
 ) -> None:
     """Two hosts (two data dirs). Host B never saw generation 2. After the restore B writes
     `r`'s slot until its counter is past every mark host A holds (a catch-up: A's slot marks
@@ -268,8 +270,8 @@ def test_another_hosts_writes_cannot_hide_a_restore_from_the_host_that_saw_the_l
     mark of the lost writes — may admit in the restored slot; this test's catch-up writes are
     registrations of other jobs, which is exactly such a window."""
     assert WITNESS in DOCS
-    cfg_a = config(tmp_path, "a", durable.url, receiver.url, data="host-a")
-    cfg_b = config(tmp_path, "b", durable.url, receiver.url, data="host-b")
+    cfg_a = config(tmp_path, "a", durable.url, threaded_receiver.url, data="host-a")
+    cfg_b = config(tmp_path, "b", durable.url, threaded_receiver.url, data="host-b")
     assert init(cfg_a, tmp_path).returncode == 0
     a = Serve(tmp_path, cfg_a)
     serves.append(a)
@@ -298,5 +300,5 @@ def test_another_hosts_writes_cannot_hide_a_restore_from_the_host_that_saw_the_l
     for s in (a2, b):
         assert effect(s, "r", "notify", 1) == (503, "store_unavailable")
         assert s.call("GET", "/readyz")[0] == 503
-    assert receiver.tokens() == ["2"]
+    assert threaded_receiver.tokens() == ["2"]
     c.close()

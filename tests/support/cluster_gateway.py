@@ -1,6 +1,6 @@
 """Fixtures for the Cluster tests: in-process gateways on the session's Valkey Cluster.
 
-test_cluster_contract.py re-runs the contract modules with these fixtures in place of the
+test_contract_on_cluster.py re-runs the contract modules with these fixtures in place of the
 standalone ones: ``redis_url`` is the cluster's seed URL, every gateway runs with
 ``[redis] cluster = true`` and ``replicas_acked = 1``, and ``redis_sync`` is a sync
 ``RedisCluster`` (``keys()`` reads every primary).

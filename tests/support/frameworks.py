@@ -16,19 +16,20 @@ from gateway.store.keys import JobKeys
 from tests.conftest import Gateway, key_digest
 
 __all__ = [
-    "ADMIN_KEY", "CLAIM_KEY", "ROOT", "WorkerProcs", "claim_gateway", "fence", "gateway_env",
-    "refusals", "registrations", "until",
+    "ADMIN_KEY", "CLAIM_KEY", "CLAIM_NAME", "ROOT", "WorkerProcs", "claim_gateway", "fence",
+    "gateway_env", "refusals", "registrations", "until",
 ]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[2]
 CLAIM_KEY = "framework-claims-0123456789"
+CLAIM_NAME = "framework-workers"  # the claim key's name: the registrant in the audit
 ADMIN_KEY = "admin-0123456789abcd"
 
 
-async def claim_gateway(make_gateway: Any, key_name: str) -> Gateway:
-    """A gateway whose workers hold a claim key named ``key_name``; the test reads as admin."""
+async def claim_gateway(make_gateway: Any) -> Gateway:
+    """A gateway whose workers hold a claim key named ``CLAIM_NAME``; the test reads as admin."""
     keys = [
-        {"role": "worker", "claims": True, "name": key_name, "sha256": key_digest(CLAIM_KEY)},
+        {"role": "worker", "claims": True, "name": CLAIM_NAME, "sha256": key_digest(CLAIM_KEY)},
         {"role": "admin", "sha256": key_digest(ADMIN_KEY)},
     ]
     gw: Gateway = await make_gateway(
