@@ -28,7 +28,7 @@ HEADERS = {"Fencing-Token": "1", "Content-Type": "application/json"}
 
 BIG = [
     2**63 + 1,  # beyond int64: orjson still reads it exactly (uint64)
-    2**64,  # beyond uint64, a float holds it exactly: the old test's coincidence
+    2**64,  # beyond uint64, yet a float holds it exactly: alone it would not catch a float
     2**70 + 1,  # beyond uint64, no float holds it
     -(2**63) - 1,  # below int64
     -(2**70 + 1),

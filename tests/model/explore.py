@@ -5,7 +5,7 @@
     python -m tests.model.explore --bound holes        # the scenarios of holes 1-3
     python -m tests.model.explore --scenario takeover  # one scenario of any bound
     python -m tests.model.explore --bound restore --marks own   # the restore scenarios on
-                                                    # the marks of 4a7c224 (hole 2 of issue 21)
+                                                    # per-process marks (restore hole 2)
 
 A state is (Redis, canonical: clock readings dropped, dispatch ids named by the
 actor that holds them; every actor's program counter and memory; the
@@ -723,7 +723,7 @@ DEFAULT = (
     ),
 )
 
-# Workers on the job's own state (issue 23): J, generation 1, and K, generation 2 after the
+# Workers on the job's own state: J, generation 1, and K, generation 2 after the
 # takeover, each checkpoints, stages and records its output, and completes naming it.
 J1 = JobWorkerSpec("J", 1)
 K2 = JobWorkerSpec("K", 2)
@@ -876,7 +876,7 @@ RESTORE_SYNC = Scenario(
     on_p2=("A",),
     restores=1,
     backup="any",
-    hole="issue 21 hole 2: a restored backup is not refused by a second gateway process",
+    hole="2 of the restore: a restored backup is not refused by a second gateway process",
 )
 RESTORE = (
     replace(RESTORE_SYNC, name="restore-sync-shared", marks="shared"),

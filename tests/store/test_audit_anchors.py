@@ -225,7 +225,7 @@ async def test_deleting_anchored_newest_entries_and_resetting_the_head_is_detect
 
     rows = await truncate(redis_sync, keep=3)
 
-    # the chain alone cannot see it (what 867f32f's verify was limited to) ...
+    # the chain alone (verify without anchors) cannot see it ...
     code, out = await verify(redis_url, "--anchors", "/nonexistent")
     assert code == 0 and "3 entries, intact" in out
     # ... the anchor can
