@@ -321,8 +321,24 @@ def durable(tmp_path: Path) -> Iterator[DurableRedis]:
     d.stop()
 
 
+# a test that asks for Chromium or the Valkey Cluster carries the marker that selects it
+# (-m "not browser" must leave out every test that needs Chromium)
+MARKER_OF_FIXTURE = {"browser": "browser", "valkey_cluster": "cluster"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules marked ``slow`` run first: with ``--dist loadfile`` a long module handed to
+    """A test using a fixture of ``MARKER_OF_FIXTURE`` without its marker is a usage error.
+    The modules marked ``slow`` run first: with ``--dist loadfile`` a long module handed to
     a worker last would keep the run going while the other worker waits (stable otherwise)."""
+    unmarked = [
+        f"{item.nodeid} uses the {fixture} fixture without @pytest.mark.{marker}"
+        for item in items
+        for fixture, marker in MARKER_OF_FIXTURE.items()
+        if fixture in getattr(item, "fixturenames", ())
+        and fixture not in getattr(getattr(item, "callspec", None), "params", {})  # an argument
+        and item.get_closest_marker(marker) is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("\n".join(unmarked))
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow)

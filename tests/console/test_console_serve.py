@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from playwright.async_api import expect
 
 from tests.support.processes import Serve, write_config
@@ -17,6 +18,7 @@ from tests.support.processes import Serve, write_config
 GRACE = 10.0
 
 
+@pytest.mark.browser
 async def test_sigterm_with_a_console_tab_open_stops_at_once(
     tmp_path: Path, serves: list[Serve], tabs: Any
 ) -> None:
