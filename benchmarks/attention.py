@@ -56,7 +56,7 @@ async def pairs(store: Store, keys: JobKeys, tag: str, n: int) -> float:
 
 async def redis_cpu(store: Store) -> float:
     """Seconds of CPU the Redis server used so far (user + system)."""
-    info = await store.client.info("cpu")
+    info = await store.link.client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 

@@ -134,7 +134,7 @@ async def test_index_follows_every_verdict_and_the_listing_after_a_reconcile(
         elif kind == "wait":
             await asyncio.sleep(DISPATCH_MS * 1.5 / 1000)
         elif kind == "drop_hints":
-            await store.client.delete(needs_hint(tenant))
+            await store.link.client.delete(needs_hint(tenant))
         await check_truth(store, keys)
         # the listing never shows a step its record does not confirm
         listed = {i["step"] for i in await store.attention(tenant, limit=10)}

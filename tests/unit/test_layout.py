@@ -237,6 +237,60 @@ def test_no_module_uses_another_modules_private_names() -> None:
     assert found == [], "use a public name (or give the owner a public seam):\n" + "\n".join(found)
 
 
+# Where the raw Redis client (a store's or its link's ``.client``) may be read: inside the store,
+# and where the "redis-in-store" import contract allows redis (the CLI's admin paths, the
+# target-side helper). Above the store, the store hands out its parts instead.
+CLIENT_READERS = ("gateway/store/", "gateway/cli/", "gateway/downstream.py")
+
+
+def client_reads(source: str) -> list[tuple[int, str]]:
+    """Every read of a ``.client`` attribute in ``source``, as (line, code), whatever it is
+    read on: above the store no object has a client to hand out but the store."""
+    return sorted(
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr == "client"
+    )
+
+
+def modules_reading_the_client(root: Path) -> list[str]:
+    return [
+        f"{rel}:{line}: {code}"
+        for path in sorted((root / "gateway").rglob("*.py"))
+        if not (rel := path.relative_to(root).as_posix()).startswith(CLIENT_READERS)
+        for line, code in client_reads(path.read_text(encoding="utf-8"))
+    ]
+
+
+def test_no_module_above_the_store_reads_a_stores_client() -> None:
+    found = modules_reading_the_client(ROOT)
+    assert found == [], "ask the store for its part (store.output_records, …):\n" + "\n".join(found)
+
+
+def test_the_client_check_fails_on_a_planted_read(tmp_path: Path) -> None:
+    """A copy of gateway/ with the client read planted back above the store: the check names
+    it; the same read inside the store or the CLI is allowed."""
+    import shutil
+
+    shutil.copytree(ROOT / "gateway", tmp_path / "gateway", ignore=shutil.ignore_patterns("*.pyc"))
+    assert modules_reading_the_client(tmp_path) == []
+    outputs = tmp_path / "gateway" / "fencing" / "outputs.py"
+    source = outputs.read_text(encoding="utf-8")
+    planted = source.replace(
+        "self.records = store.output_records",
+        "self.records = OutputRecords(store.link.client, store.batcher)",
+        1,
+    )
+    assert planted != source
+    outputs.write_text(planted, encoding="utf-8")
+    (tmp_path / "gateway" / "cli" / "planted.py").write_text(
+        "def f(store):\n    return store.client\n"
+    )
+    found = modules_reading_the_client(tmp_path)
+    assert len(found) == 1 and found[0].startswith("gateway/fencing/outputs.py:"), found
+    assert found[0].endswith(": store.link.client")
+
+
 def _a_value_or_an_interface(base: type) -> bool:
     """A base a class of another module may extend: a Protocol (an interface), an enum, an
     exception, a dataclass (a value type): what it inherits is a shape, not behaviour."""
