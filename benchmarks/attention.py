@@ -79,7 +79,7 @@ async def main(n: int) -> None:
         keys = JobKeys("bench", "hot")
         await stores["index"].register(keys, 1, None)
         for fsync in ("always", "no"):
-            await stores["index"].client.config_set("appendfsync", fsync)
+            await stores["index"].link.client.config_set("appendfsync", fsync)
             rates: dict[str, list[float]] = {"index": [], "baseline": []}
             cpu: dict[str, list[float]] = {"index": [], "baseline": []}
             for r in range(6):
@@ -108,7 +108,7 @@ async def main(n: int) -> None:
                 operation="send", worker_id="", resolvable=False,
             )  # fmt: skip
             await s.record(k, "s", v.dispatch_id, "unknown")  # type: ignore[union-attr]
-        await s.client.delete("fg:nd:t:bench")  # every hint lost: the reconciler's worst
+        await s.link.client.delete("fg:nd:t:bench")  # every hint lost: the reconciler's worst
         t, c = time.perf_counter(), time.process_time()
         stats = await s.reconcile_attention()
         print(f"reconcile, 1,000 due: {(time.perf_counter() - t) * 1000:.0f} ms wall, "
@@ -118,7 +118,7 @@ async def main(n: int) -> None:
         print(f"first page of 100: {(time.perf_counter() - t) * 1000:.1f} ms ({len(page)})")
         for st in stores.values():
             await st.aclose()
-            await st.client.aclose()
+            await st.link.client.aclose()
 
 
 if __name__ == "__main__":
