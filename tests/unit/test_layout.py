@@ -172,6 +172,20 @@ def test_each_scripts_name_says_how_many_keys_it_takes() -> None:
         assert used == set(range(1, int(name.rsplit("-", 1)[1]) + 1)), name
 
 
+def test_no_lua_is_written_in_a_python_string() -> None:
+    """The store's scripts are files under gateway/store/lua/ (the fenced ones, and lua/plain/
+    for those without the prelude), shared code through includes: no ``redis.call(`` in a
+    Python module. gateway.downstream is the exception: the target-side helper ships alone,
+    without the store (the SDK's import contract)."""
+    found = [
+        rel
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        if (rel := path.relative_to(ROOT).as_posix()) != "gateway/downstream.py"
+        and "redis.call(" in path.read_text(encoding="utf-8")
+    ]
+    assert found == [], f"move the Lua into gateway/store/lua/: {found}"
+
+
 # Attributes that start with an underscore and are public all the same: expression -> why.
 PUBLIC_UNDERSCORED: dict[str, str] = {
     "os._exit": "the standard library's exit without finalisation (documented, public)",
@@ -427,3 +441,4 @@ def test_the_cycle_check_finds_a_planted_loop(tmp_path: Path, monkeypatch: Any) 
     (pkg / "d.py").write_text("from planted import a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert import_cycles("planted") == [["planted.a", "planted.b", "planted.c"]]
+
