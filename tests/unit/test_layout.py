@@ -186,6 +186,35 @@ def test_no_lua_is_written_in_a_python_string() -> None:
     assert found == [], f"move the Lua into gateway/store/lua/: {found}"
 
 
+def script_calls(root: Path) -> dict[str, list[str]]:
+    """Each script name a module of gateway/ sends through the link (``run_script`` /
+    ``run_bounded`` with the name written out), and where: ``module:line``."""
+    calls: dict[str, list[str]] = {}
+    for path in sorted((root / "gateway").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("run_script", "run_bounded")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                where = f"{path.relative_to(root).as_posix()}:{node.lineno}"
+                calls.setdefault(str(node.args[0].value), []).append(where)
+    return calls
+
+
+def test_each_script_has_one_call_site_in_the_store() -> None:
+    """One owner per script: a method that builds its KEYS and ARGV, in the store module of
+    its concept (docs/architecture.md, "The store boundary"), and no second caller."""
+    from gateway.store.scripts import SCRIPT_NAMES
+
+    calls = script_calls(ROOT)
+    assert set(calls) == set(SCRIPT_NAMES), set(calls) ^ set(SCRIPT_NAMES)
+    for name, sites in calls.items():
+        assert len(sites) == 1 and sites[0].startswith("gateway/store/"), (name, sites)
+
+
 # Attributes that start with an underscore and are public all the same: expression -> why.
 PUBLIC_UNDERSCORED: dict[str, str] = {
     "os._exit": "the standard library's exit without finalisation (documented, public)",
@@ -442,3 +471,13 @@ def test_the_cycle_check_finds_a_planted_loop(tmp_path: Path, monkeypatch: Any) 
     monkeypatch.syspath_prepend(str(tmp_path))
     assert import_cycles("planted") == [["planted.a", "planted.b", "planted.c"]]
 
+
+def test_the_call_site_check_finds_a_second_caller(tmp_path: Path) -> None:
+    (tmp_path / "gateway" / "store").mkdir(parents=True)
+    (tmp_path / "gateway" / "fencing").mkdir()
+    call = "async def f(link, keys):\n    return await link.run_script('cancel-1', keys, (), ())\n"
+    (tmp_path / "gateway" / "store" / "owner.py").write_text(call)
+    (tmp_path / "gateway" / "fencing" / "second.py").write_text(call.replace("f(", "g("))
+    assert script_calls(tmp_path) == {
+        "cancel-1": ["gateway/fencing/second.py:2", "gateway/store/owner.py:2"]
+    }
