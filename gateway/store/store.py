@@ -23,6 +23,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ from gateway.core.records import (
 )
 from gateway.core.tokens import MAX_GENERATION
 from gateway.store import scripts
-from gateway.store.anchors import note_audit
+from gateway.store.anchors import Anchorer, note_audit
 from gateway.store.attention import NeedsIndex
 from gateway.store.batching import Batcher
 from gateway.store.console_reads import ConsoleReads
@@ -690,6 +691,12 @@ class Store:
             retention_seconds=retention_seconds,
             window_ttl_seconds=window_ttl_seconds,
         )
+
+    def anchorer(self, path: Path, keys: Sequence[str]) -> Anchorer:
+        """The audit chains' anchorer (:mod:`gateway.store.anchors`) on this store's link: it
+        anchors the chains this process's replies extended (``link.audit_touched``) to
+        ``path``, signed with the first of ``keys``."""
+        return Anchorer(self.link.client, self.link.audit_touched, path, keys)
 
     def console_state(self, *, window_seconds: int) -> ConsoleState:
         """The console's shared state (:mod:`gateway.store.consolestate`: logouts, login
