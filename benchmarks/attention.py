@@ -56,7 +56,7 @@ async def pairs(store: Store, keys: JobKeys, tag: str, n: int) -> float:
 
 async def redis_cpu(store: Store) -> float:
     """Seconds of CPU the Redis server used so far (user + system)."""
-    info = await store.client.info("cpu")
+    info = await store.link.client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
@@ -79,7 +79,7 @@ async def main(n: int) -> None:
         keys = JobKeys("bench", "hot")
         await stores["index"].register(keys, 1, None)
         for fsync in ("always", "no"):
-            await stores["index"].client.config_set("appendfsync", fsync)
+            await stores["index"].link.client.config_set("appendfsync", fsync)
             rates: dict[str, list[float]] = {"index": [], "baseline": []}
             cpu: dict[str, list[float]] = {"index": [], "baseline": []}
             for r in range(6):
@@ -108,7 +108,7 @@ async def main(n: int) -> None:
                 operation="send", worker_id="", resolvable=False,
             )  # fmt: skip
             await s.record(k, "s", v.dispatch_id, "unknown")  # type: ignore[union-attr]
-        await s.client.delete("fg:nd:t:bench")  # every hint lost: the reconciler's worst
+        await s.link.client.delete("fg:nd:t:bench")  # every hint lost: the reconciler's worst
         t, c = time.perf_counter(), time.process_time()
         stats = await s.reconcile_attention()
         print(f"reconcile, 1,000 due: {(time.perf_counter() - t) * 1000:.0f} ms wall, "
@@ -118,7 +118,7 @@ async def main(n: int) -> None:
         print(f"first page of 100: {(time.perf_counter() - t) * 1000:.1f} ms ({len(page)})")
         for st in stores.values():
             await st.aclose()
-            await st.client.aclose()
+            await st.link.client.aclose()
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ async def run(n: int, rounds: int) -> dict[str, Any]:
                         samples.setdefault((r, concurrency), []).append(row)
             for store in stores.values():
                 await store.aclose()
-                await store.client.aclose()
+                await store.link.client.aclose()
         finally:
             rs.stop()
     results = []

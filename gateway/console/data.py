@@ -10,7 +10,7 @@ stream ``fg:{t/j}:audit``, the authoritative copy (the feed copy is best effort)
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +19,6 @@ from gateway.core.reasons import REASONS
 from gateway.runtime.settings import NAME_RE
 from gateway.store.console_reads import ConsoleReads, Entry
 from gateway.store.keys import JobKeys
-from gateway.store.store import Store
 
 __all__ = [
     "Filters",
@@ -29,7 +28,6 @@ __all__ = [
     "feed_top",
     "iso",
     "job_entries",
-    "reads_of",
 ]
 
 SCAN_CAP = 5000  # feed entries looked at for one page of filtered rows
@@ -37,11 +35,6 @@ JOB_CAP = 5000  # entries of one job's stream shown
 _ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 _WORKER = re.compile(r"[\x21-\x7e]{1,128}")
 _TIME = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d")
-
-
-def reads_of(store: Callable[[], Store]) -> ConsoleReads:
-    """The console's reads on the gateway's own client (:mod:`gateway.store.console_reads`)."""
-    return ConsoleReads(lambda: store().client)
 
 
 class BadFilter(ValueError):

@@ -21,7 +21,6 @@ from gateway.console.data import (
     feed_after,
     feed_page,
     feed_top,
-    reads_of,
 )
 from gateway.console.live import id_key, next_or_closed, open_stream
 from gateway.core.reasons import REASONS
@@ -49,7 +48,7 @@ _FIELDS = (
 
 
 def _reads(request: web.Request) -> ConsoleReads:
-    return reads_of(request.app[CONSOLE].store_of)
+    return request.app[CONSOLE].store_of().console_reads
 
 
 async def overview(request: web.Request) -> web.Response:

@@ -13,7 +13,7 @@ from aiohttp import web
 from gateway.console.access import Session
 from gateway.console.chain import check_job_chain, honest_wording
 from gateway.console.context import CONSOLE, Console, error_page, render, see_other, session_of
-from gateway.console.data import JOB_CAP, iso, job_entries, reads_of
+from gateway.console.data import JOB_CAP, iso, job_entries
 from gateway.console.live import open_stream
 from gateway.core import fastjson
 from gateway.core.errors import FencegateError
@@ -114,7 +114,7 @@ async def job_page(request: web.Request) -> web.Response:
     keys = JobKeys(session.tenant, job)  # the session's tenant only: another's job is 404
     store = console.store
     view = await store.job(keys)
-    job_hash, rows = await job_entries(reads_of(console.store_of), keys)
+    job_hash, rows = await job_entries(console.store_of().console_reads, keys)
     cut = len(rows) > JOB_CAP  # a longer chain: its first JOB_CAP entries are shown
     rows = rows[:JOB_CAP]
     if view is None and not rows:

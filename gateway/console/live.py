@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import structlog
@@ -46,8 +46,8 @@ def id_key(entry_id: str) -> tuple[int, int]:
 class FeedPump:
     """One poll per tenant (with open tabs) per interval, fanned out to every tab."""
 
-    def __init__(self, reads: ConsoleReads, poll_seconds: float) -> None:
-        self._reads = reads
+    def __init__(self, reads_of: Callable[[], ConsoleReads], poll_seconds: float) -> None:
+        self._reads_of = reads_of  # the store's, made at startup after the console is built
         self._poll = poll_seconds
         self._subscribers: dict[str, set[asyncio.Queue[Row]]] = {}
         self._last: dict[str, str] = {}
@@ -57,7 +57,7 @@ class FeedPump:
     async def subscribe(self, tenant: str) -> asyncio.Queue[Row]:
         queue: asyncio.Queue[Row] = asyncio.Queue(QUEUE_MAX)
         if tenant not in self._last:
-            self._last.setdefault(tenant, await self._reads.feed_newest(tenant))
+            self._last.setdefault(tenant, await self._reads_of().feed_newest(tenant))
         self._subscribers.setdefault(tenant, set()).add(queue)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
@@ -76,7 +76,7 @@ class FeedPump:
         if last is None:
             return
         self.reads += 1
-        rows = await self._reads.feed_after(tenant, last, 1000)
+        rows = await self._reads_of().feed_after(tenant, last, 1000)
         if not rows or tenant not in self._last:
             return
         self._last[tenant] = rows[-1][0]

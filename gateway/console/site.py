@@ -26,14 +26,13 @@ from gateway.console.context import (
     see_other,
     session_of,
 )
-from gateway.console.data import BadFilter, reads_of
+from gateway.console.data import BadFilter
 from gateway.console.guard import Refused, check_request, security_headers
 from gateway.console.live import FeedPump, Holds, Streams
 from gateway.core.errors import FencegateError, StoreUnavailable
 from gateway.fencing.tenancy import resolve_tenancy
 from gateway.runtime.settings import Settings
 from gateway.store.anchors import anchor_path
-from gateway.store.consolestate import ConsoleState
 from gateway.store.store import Store
 
 __all__ = ["PREFIX", "build", "stop"]
@@ -255,7 +254,7 @@ def build(
         sessions=Sessions(
             console_secret(settings, secret), keys, settings.console.cookie_ttl_seconds
         ),
-        pump=FeedPump(reads_of(store), settings.console.poll_seconds),
+        pump=FeedPump(lambda: store().console_reads, settings.console.poll_seconds),
         streams=Streams(
             settings.console.sse_ping_seconds,
             per_session=settings.console.sse_per_session,
@@ -290,11 +289,10 @@ def build(
     job_pages.add_routes(app)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        console.state = ConsoleState(
-            store().client, window_seconds=settings.console.login_window_seconds
-        )
-        console.runs = ChainRuns(  # the store is made by the gateway's startup, which runs first
-            reads_of(store),
+        # the store is made by the gateway's startup, which runs first
+        console.state = store().console_state(window_seconds=settings.console.login_window_seconds)
+        console.runs = ChainRuns(
+            store().console_reads,
             keys=audit_keys,
             anchor_file=anchor_path(settings),
             retention_seconds=settings.fencing.retention_seconds,

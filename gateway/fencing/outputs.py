@@ -72,7 +72,6 @@ from gateway.objects import ObjectStore, ObjectStoreError, PreconditionFailed, o
 from gateway.objects.space import CHECK_EVERY
 from gateway.runtime.settings import OutputSettings
 from gateway.store.keys import JobKeys
-from gateway.store.output_records import OutputRecords
 from gateway.store.replies import OutputRecordReply, OutputStageReply
 from gateway.store.store import Store
 
@@ -121,7 +120,7 @@ class OutputService:
         self.settings = settings
         self._background: set[asyncio.Task[None]] = set()  # claims ended after a lost reply
         self.uploads: dict[str, int] = {}  # tenant -> uploads through this process running
-        self.records = OutputRecords(store.client, store.batcher)  # the outputs hashes
+        self.records = store.output_records  # the outputs hashes
         self.ledger = OutputLedger(self.records, objects)  # what each tenant has in the store
 
     # -- the fenced scripts -------------------------------------------------------

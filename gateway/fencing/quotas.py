@@ -111,7 +111,7 @@ from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import QuotaSettings
 from gateway.store.keys import JobKeys
 from gateway.store.output_records import LedgerReply
-from gateway.store.quota_counters import Pool, QuotaCounters, Window
+from gateway.store.quota_counters import Pool, Window
 from gateway.store.store import Store
 
 __all__ = [
@@ -165,9 +165,7 @@ class Quotas:
         *,
         retention_seconds: int,
     ) -> None:
-        self._counters = QuotaCounters(
-            store.client,
-            store.batcher,
+        self._counters = store.quota_counters(
             retention_seconds=retention_seconds,
             window_ttl_seconds=settings.window_seconds + 60,
         )

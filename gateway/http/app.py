@@ -223,9 +223,7 @@ def create_app(
             audit_key=audit_keys[0] if audit_keys else "",
             ack=_ack_policy(settings),
         )
-        anchorer = anchors_module.Anchorer(
-            client, store.link.audit_touched, anchors_module.anchor_path(settings), audit_keys
-        )
+        anchorer = store.anchorer(anchors_module.anchor_path(settings), audit_keys)
         try:
             await store.load_scripts()
             # an external Redis is initialised by `fencegate init` (or redis.auto_init)

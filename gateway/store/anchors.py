@@ -49,6 +49,7 @@ from redis.exceptions import RedisError, ResponseError
 from gateway.runtime.logging import log_info_lines
 from gateway.runtime.settings import ConfigError, Settings
 from gateway.store.keys import JobKeys
+from gateway.store.scripts import PlainScript
 
 __all__ = [
     "ANCHOR_FILE",
@@ -69,19 +70,11 @@ PIPE_BUF = 4096
 MIN_KEY_BYTES = 16
 # jobs read per round trip when anchoring (see Anchorer._snapshots)
 _CHUNK = 256
-# KEYS[1] job hash, KEYS[2] its audit stream; ARGV[1] the entry last seen here.
-# -> {audit_head, audit_last, stream length, newest entry id, 1 if the seen entry is there}
-_SNAPSHOT = """
-local h = redis.call('HMGET', KEYS[1], 'audit_head', 'audit_last')
-local newest = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
-local seen = redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1], 'COUNT', 1)[1]
-return {h[1] or false, h[2] or false, redis.call('XLEN', KEYS[2]),
-  newest and newest[1] or false, seen and 1 or 0}
-"""
+SNAPSHOT = PlainScript.load("anchor-snapshot-2")  # one job's chain, read in one step
 
 
 def _consistent(snap: Sequence[Any]) -> bool:
-    """A chain's snapshot (:data:`_SNAPSHOT`'s reply) holds the entry last seen here, and its
+    """A chain's snapshot (``anchor-snapshot-2``'s reply) holds the entry last seen here, and its
     head names its newest."""
     _, last, _, newest, seen_present = snap
     return bool(seen_present and last and last == newest)
@@ -176,7 +169,7 @@ class Anchorer:
     async def _snapshots(self, jobs: Sequence[tuple[JobKeys, str]]) -> list[list[Any]]:
         """Each job's chain head, length, newest entry and whether the entry last seen here is
         there, for a whole chunk of jobs in one round trip: one read-only script per job
-        (:data:`_SNAPSHOT`: one consistent snapshot of that chain, its keys in the job's
+        (``anchor-snapshot-2``: one consistent snapshot of that chain, its keys in the job's
         slot), in one plain pipeline (on a cluster split per node by redis-py).
 
         Never a transaction: redis-py's RedisCluster runs each command queued on a
@@ -186,7 +179,7 @@ class Anchorer:
         read: reading four commands' replies (and MULTI's) per job was most of a tick's cost."""
         pipe = self._client.pipeline(transaction=False)
         for job, seen in jobs:
-            pipe.eval(_SNAPSHOT, 2, job.job, job.audit, seen)
+            pipe.eval(SNAPSHOT.source, 2, job.job, job.audit, seen)
         return list(await pipe.execute())
 
     async def _records(self, jobs: Sequence[tuple[JobKeys, str]]) -> list[dict[str, Any]]:

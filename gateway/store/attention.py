@@ -140,7 +140,7 @@ def needs_decision(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
 
 
 class ScriptRunner(Protocol):
-    """What the index needs of the store that holds it (:class:`gateway.store.link.RedisLink`)."""
+    """What the index needs of the store's link (:class:`gateway.store.link.RedisLink`)."""
 
     @property
     def client(self) -> aioredis.Redis: ...
@@ -166,8 +166,8 @@ class ScriptRunner(Protocol):
 class NeedsIndex:
     """The store's side of the index: hints, listing, the reconciler, the overview."""
 
-    def __init__(self, store: ScriptRunner) -> None:
-        self._store = store
+    def __init__(self, link: ScriptRunner) -> None:
+        self._link = link
 
     async def pipelined(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Commands on one pipeline (not a transaction: their keys live in many slots); their
@@ -176,25 +176,25 @@ class NeedsIndex:
             return []
 
         async def run() -> list[Any]:
-            async with self._store.client.pipeline(transaction=False) as pipe:
+            async with self._link.client.pipeline(transaction=False) as pipe:
                 for command in commands:
                     pipe.execute_command(*command)
                 replies: list[Any] = await pipe.execute()
                 return replies
 
-        return await self._store.guard(run)
+        return await self._link.guard(run)
 
     @property
     def retention_ms(self) -> int:
-        return self._store.retention_ms
+        return self._link.retention_ms
 
     async def execute(self, *command: Any) -> Any:
         """One command's reply. ``StoreUnavailable`` when Redis does not serve."""
 
         async def run() -> Any:
-            return await self._store.client.execute_command(*command)  # type: ignore[no-untyped-call]
+            return await self._link.client.execute_command(*command)  # type: ignore[no-untyped-call]
 
-        return await self._store.guard(run)
+        return await self._link.guard(run)
 
     # -- hints, after a verdict -----------------------------------------------------------
 
@@ -317,7 +317,7 @@ class NeedsIndex:
     async def _due_everywhere(self, now: int) -> list[tuple[str, float]]:
         """Every slot's due entries: 16,384 reads, 1,024 at a time on the auto-pipeline; a slot
         with more than a page is read on until it is done."""
-        batcher = self._store.batcher
+        batcher = self._link.batcher
         found: list[tuple[str, float]] = []
         pending = [(s, 0) for s in range(SLOTS)]
         while pending:
@@ -345,7 +345,7 @@ class NeedsIndex:
         tenant, job_id, step = parts
         keys = JobKeys(tenant, job_id)
         index = (keys.effect(step), keys.needs)
-        reply = await self._store.run_script("reindex-2", keys, index, (member,))
+        reply = await self._link.run_script("reindex-2", keys, index, (member,))
         log.warning("attention_index_repaired", job_id=job_id, step=step, state=reply[1])
         return str(reply[1])
 

@@ -34,34 +34,34 @@ def _entries(rows: Any) -> list[Entry]:
 
 
 class ConsoleReads:
-    """The console's reads, on the client ``client_of()`` returns (the gateway's, made at
-    startup after the console app is built)."""
+    """The console's reads, on the gateway's client (the store builds it:
+    :attr:`gateway.store.store.Store.console_reads`)."""
 
-    def __init__(self, client_of: Callable[[], Any]) -> None:
-        self._client_of = client_of
+    def __init__(self, client: Any) -> None:
+        self._client = client
 
     async def feed_newest(self, tenant: str) -> str:
         """The feed's newest entry id ("0-0" when empty)."""
         with redis_errors():
-            rows = await self._client_of().xrevrange(audit_feed(tenant), "+", "-", count=1)
+            rows = await self._client.xrevrange(audit_feed(tenant), "+", "-", count=1)
         return str(rows[0][0]) if rows else "0-0"
 
     async def feed_before(self, tenant: str, top: str, bottom: str, count: int) -> list[Entry]:
         """Up to ``count`` entries from ``top`` down to ``bottom``, newest first (stream id
         bounds as XREVRANGE takes them: ``(`` excludes)."""
         with redis_errors():
-            rows = await self._client_of().xrevrange(audit_feed(tenant), top, bottom, count=count)
+            rows = await self._client.xrevrange(audit_feed(tenant), top, bottom, count=count)
         return _entries(rows)
 
     async def feed_after(self, tenant: str, after: str, count: int) -> list[Entry]:
         """Up to ``count`` entries after the id ``after`` (excluded), oldest first."""
         with redis_errors():
-            rows = await self._client_of().xrange(audit_feed(tenant), f"({after}", "+", count=count)
+            rows = await self._client.xrange(audit_feed(tenant), f"({after}", "+", count=count)
         return _entries(rows)
 
     async def job(self, keys: JobKeys, count: int) -> tuple[dict[str, str], list[Entry]]:
         """The job hash and the first ``count`` entries of its chained audit stream."""
-        client = self._client_of()
+        client = self._client
         with redis_errors():
             job = await client.hgetall(keys.job)
             rows = await client.xrange(keys.audit, "-", "+", count=count)
@@ -80,7 +80,7 @@ class ConsoleReads:
         """The tenant's chain check (:func:`gateway.store.anchor_check.verify`)."""
         with redis_errors():
             return await verify(
-                self._client_of(),
+                self._client,
                 keys=keys,
                 anchor_files=anchor_files,
                 retention_seconds=retention_seconds,

@@ -49,18 +49,19 @@ from gateway.store.marks import MARKS_FILE, SlotMarks
 from gateway.store.replication import AckPolicy
 from gateway.store.replies import Reply
 from gateway.store.router import ClusterRouter
-from gateway.store.scripts import MARKER_MISSING, SCRIPT_NAMES, UNINITIALISED, lua_source
+from gateway.store.scripts import (
+    MARKER_MISSING,
+    SCRIPT_NAMES,
+    UNINITIALISED,
+    PlainScript,
+    lua_source,
+)
 
 T = TypeVar("T")
 READY_PROBE = "fg:readyz:probe"  # /readyz's probe write (10 s TTL)
-# the witness raise: INCR and EXPIRE of KEYS[2] only while KEYS[1] (the marker) still reads
-# ARGV[1]; -1 when it does not
-_WITNESS_RAISE = (
-    "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end "
-    "local v = redis.call('INCR', KEYS[2]) "
-    "redis.call('EXPIRE', KEYS[2], ARGV[2]) "
-    "return v"
-)
+# the witness raise: INCR and EXPIRE of the witness key only while the marker still reads
+# what was read; -1 when it does not
+WITNESS_RAISE = PlainScript.load("witness-raise-2")
 
 # a data dir's witness key outlives its last tick by this long (a data dir gone for good
 # leaves no key behind); a data dir away for longer starts a new count (RedisLink.witness)
@@ -489,7 +490,7 @@ class RedisLink:
         value = int(
             await self.guard(
                 lambda: self._batcher.execute(
-                    "EVAL", _WITNESS_RAISE, "2", MARKER, key, raw, str(WITNESS_TTL)
+                    "EVAL", WITNESS_RAISE.source, "2", MARKER, key, raw, str(WITNESS_TTL)
                 )
             )
         )

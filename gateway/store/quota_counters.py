@@ -11,15 +11,14 @@ Redis Cluster; :func:`gateway.store.keys.quota_prefix`):
 
 (The output store's counters are :mod:`gateway.store.output_records`'.) Every call goes
 through the store's auto-pipeline, pipelined with the tick's scripts: no round trip of its
-own. The four scripts below are the only check-and-set of these counters; their error
-replies are bugs (raised), Redis not serving is ``StoreUnavailable``
+own. Four plain scripts (``lua/plain/quota-*.lua``) are the only check-and-set of these
+counters; their error replies are bugs (raised), Redis not serving is ``StoreUnavailable``
 (:mod:`gateway.store.failures`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -28,76 +27,19 @@ from gateway.store.batching import Batcher
 from gateway.store.failures import redis_errors
 from gateway.store.keys import JobKeys, audit_feed, quota_prefix
 from gateway.store.router import ClusterRouter
+from gateway.store.scripts import PlainScript
 
 __all__ = ["Pool", "QuotaCounters", "Window", "held_member"]
 
 Pool = Literal["held", "ckpt"]  # payloads held for the relay, checkpoints
 Window = Literal["fx", "rj"]  # effect calls, rejections
 
-# KEYS[1] counter; ARGV[1] amount, ARGV[2] cap (0: none), ARGV[3] ttl seconds.
-# -1: over the cap (nothing changed); else the counter with this amount.
-RESERVE = """
-local total = redis.call('INCRBY', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-local cap = tonumber(ARGV[2])
-if cap > 0 and total > cap then
-  redis.call('INCRBY', KEYS[1], -tonumber(ARGV[1]))
-  return -1
-end
-return total
-"""
-# KEYS[1] held hash, KEYS[2] held_bytes; ARGV[1] member, ARGV[2] charge, ARGV[3] '1': stored,
-# ARGV[4] ttl. Stored: the member now holds this charge (an earlier charge of it is given
-# back); not stored: the reservation is given back.
-SETTLE = """
-if ARGV[3] == '1' then
-  local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  if old > 0 then redis.call('INCRBY', KEYS[2], -old) end
-else
-  redis.call('INCRBY', KEYS[2], -tonumber(ARGV[2]))
-end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-return 1
-"""
-# KEYS[1] the checkpoint charges per job, KEYS[2] ckpt_bytes; ARGV[1] job, ARGV[2] reserved,
-# ARGV[3] what the write stored (its charge minus the one it replaced; 0: nothing), ARGV[4]
-# ttl. The reservation becomes what was stored; the job's entry holds its checkpoints' charge.
-SETTLE_CHECKPOINT = """
-local stored = tonumber(ARGV[3])
-local change = stored - tonumber(ARGV[2])
-if change ~= 0 and redis.call('INCRBY', KEYS[2], change) <= 0 then
-  redis.call('DEL', KEYS[2])  -- nothing stored, nothing reserved: no key left behind
-end
-if stored ~= 0 and redis.call('HINCRBY', KEYS[1], ARGV[1], stored) <= 0 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[4])
-return 1
-"""
-# KEYS[1] held hash, KEYS[2] held_bytes; ARGV: member, charge pairs whose thing is gone.
-# Each is dropped only while it still holds that charge; returns the bytes given back.
-DROP = """
-local freed = 0
-for i = 1, #ARGV, 2 do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    freed = freed + tonumber(ARGV[i + 1])
-  end
-end
-if freed > 0 then redis.call('INCRBY', KEYS[2], -freed) end
-return freed
-"""
+# the only check-and-set of these counters (lua/plain/: no prelude)
+RESERVE = PlainScript.load("quota-reserve-1")
+SETTLE = PlainScript.load("quota-settle-2")
+SETTLE_CHECKPOINT = PlainScript.load("quota-settle-checkpoint-2")
+DROP = PlainScript.load("quota-drop-2")
 OVER_CAP = -1  # RESERVE's reply when the amount does not fit
-
-
-def _sha(source: str) -> str:
-    return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
-
-
-_SHAS = {source: _sha(source) for source in (RESERVE, SETTLE, SETTLE_CHECKPOINT, DROP)}
 
 
 def held_member(job_id: str, step: str) -> str:
@@ -123,12 +65,14 @@ class QuotaCounters:
         self._retention_ms = retention_seconds * 1000
         self._window_ttl = str(window_ttl_seconds)
 
-    def _eval(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> asyncio.Future[Any]:
-        return self._batcher.evalsha(_SHAS[source], source, keys, [str(a) for a in args])
+    def _eval(
+        self, script: PlainScript, keys: Sequence[str], args: Sequence[Any]
+    ) -> asyncio.Future[Any]:
+        return self._batcher.evalsha(script.sha, script.source, keys, [str(a) for a in args])
 
-    async def _int(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> int:
+    async def _int(self, script: PlainScript, keys: Sequence[str], args: Sequence[Any]) -> int:
         with redis_errors():
-            return int(await self._eval(source, keys, args))
+            return int(await self._eval(script, keys, args))
 
     # -- counters per window ---------------------------------------------------------
 
@@ -177,7 +121,7 @@ class QuotaCounters:
     async def drop_gone(self, tenant: str, pool: Pool) -> int:
         """Give back the entries of ``pool`` whose thing left Redis (a held payload whose
         effect has no payload any more; a job whose checkpoints expired): the bytes freed.
-        An entry changed meanwhile keeps its charge (:data:`DROP`)."""
+        An entry changed meanwhile keeps its charge (``quota-drop-2``)."""
         p = quota_prefix(tenant)
         with redis_errors():
             held: dict[str, str] = await self._client.hgetall(f"{p}:{pool}")

@@ -1,12 +1,14 @@
-"""The scripts' plumbing: their sources (prelude + includes + body), request and dispatch ids,
-and the client every store method goes through (what a Redis failure means:
-:mod:`gateway.store.failures`)."""
+"""The scripts' plumbing: their sources (prelude + includes + body; a plain script's includes
+and body, :class:`PlainScript`), request and dispatch ids, and the client every store method
+goes through (what a Redis failure means: :mod:`gateway.store.failures`)."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 import secrets
+from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 
@@ -37,11 +39,49 @@ SCRIPT_NAMES = (
     "output-record-3",
     "reindex-2",
 )
+# lua/plain/: scripts without the prelude, each owned by one store module (named in its header)
+PLAIN_NAMES = (
+    "quota-reserve-1",
+    "quota-settle-2",
+    "quota-settle-checkpoint-2",
+    "quota-drop-2",
+    "ledger-reserve-3",
+    "ledger-settle-3",
+    "ledger-fix-3",
+    "anchor-snapshot-2",
+    "witness-raise-2",
+)
 _INCLUDE = re.compile(r'^--- @include "includes/([a-z][a-z0-9_-]*)"\s*$', re.M)
 
 
 class ScriptSourceError(ValueError):
     """A script's source cannot be assembled: an unknown include, an include cycle."""
+
+
+def _included(name: str, body: str, includes: Traversable) -> list[str]:
+    """The includes ``body`` pulls in (``--- @include "includes/<name>"``, in the body or in an
+    include), each once, in the order they must be placed: an include before whatever
+    includes it. An unknown include or a cycle raises :class:`ScriptSourceError`."""
+    included: list[str] = []
+    placed: set[str] = set()
+
+    def pull(text: str, chain: tuple[str, ...]) -> None:
+        for wanted in _INCLUDE.findall(text):
+            if wanted in chain:
+                cycle = " -> ".join((*chain, wanted))
+                raise ScriptSourceError(f"{name}: include cycle {cycle}")
+            if wanted in placed:
+                continue
+            path = includes / f"{wanted}.lua"
+            if not path.is_file():
+                raise ScriptSourceError(f"{name}: unknown include {wanted!r} (no {path})")
+            source = path.read_text(encoding="utf-8")
+            pull(source, (*chain, wanted))
+            placed.add(wanted)
+            included.append(f"-- includes/{wanted}\n{source}")
+
+    pull(body, ())
+    return included
 
 
 def lua_source(name: str, lua: Traversable | None = None) -> str:
@@ -57,27 +97,37 @@ def lua_source(name: str, lua: Traversable | None = None) -> str:
     lua = lua or resources.files("gateway.store") / "lua"
     prelude = (lua / "_prelude.lua").read_text(encoding="utf-8")
     body = (lua / f"{name}.lua").read_text(encoding="utf-8")
-    included: list[str] = []
-    placed: set[str] = set()
-
-    def pull(text: str, chain: tuple[str, ...]) -> None:
-        for wanted in _INCLUDE.findall(text):
-            if wanted in chain:
-                cycle = " -> ".join((*chain, wanted))
-                raise ScriptSourceError(f"{name}: include cycle {cycle}")
-            if wanted in placed:
-                continue
-            path = lua / "includes" / f"{wanted}.lua"
-            if not path.is_file():
-                raise ScriptSourceError(f"{name}: unknown include {wanted!r} (no {path})")
-            source = path.read_text(encoding="utf-8")
-            pull(source, (*chain, wanted))
-            placed.add(wanted)
-            included.append(f"-- includes/{wanted}\n{source}")
-
-    pull(body, ())
-    head = "\n".join((prelude, *included))
+    head = "\n".join((prelude, *_included(name, body, lua / "includes")))
     return f"{head}\nreturn run_script(function()\n{body}\nend)\n"
+
+
+def plain_source(name: str, plain: Traversable | None = None) -> str:
+    """A plain script's source: its includes (``--- @include "includes/<name>"``, from
+    ``lua/plain/includes/``, placed as :func:`lua_source` places them), then its body as the
+    chunk itself. No prelude: no trailer, no re-send memory, no slot marker, no audit chain;
+    a plain script keeps counters and reads, and decides nothing a fence depends on."""
+    plain = plain or resources.files("gateway.store") / "lua" / "plain"
+    body = (plain / f"{name}.lua").read_text(encoding="utf-8")
+    return "\n".join((*_included(name, body, plain / "includes"), body))
+
+
+@dataclass(frozen=True, slots=True)
+class PlainScript:
+    """A plain script (:func:`plain_source`), assembled when its module is imported: its name
+    (``<what>-<number of KEYS>``), its source and the SHA1 it is sent by. Its owner sends it
+    with ``batcher.evalsha(script.sha, script.source, keys, args)`` (EVAL on NOSCRIPT, which
+    loads it again) or, off the auto-pipeline, as EVAL."""
+
+    name: str
+    source: str
+    sha: str
+
+    @classmethod
+    def load(cls, name: str) -> PlainScript:
+        if name not in PLAIN_NAMES:
+            raise ScriptSourceError(f"{name}: not a plain script (PLAIN_NAMES)")
+        source = plain_source(name)
+        return cls(name, source, hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest())
 
 
 def fenced_args(

@@ -23,6 +23,7 @@ as the decision — until an operator runs ``fencegate init --confirm-data-loss`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,15 @@ from gateway.core.records import (
 )
 from gateway.core.tokens import MAX_GENERATION
 from gateway.store import scripts
-from gateway.store.anchors import note_audit
+from gateway.store.anchors import Anchorer, note_audit
 from gateway.store.attention import NeedsIndex
 from gateway.store.batching import Batcher
+from gateway.store.console_reads import ConsoleReads
+from gateway.store.consolestate import ConsoleState
 from gateway.store.keys import JobKeys
 from gateway.store.link import RedisLink
+from gateway.store.output_records import OutputRecords
+from gateway.store.quota_counters import QuotaCounters
 from gateway.store.reads import StoreReads
 from gateway.store.relayq import RelayQueue
 from gateway.store.replication import AckPolicy
@@ -579,13 +584,17 @@ class Decisions:
 
 class Store:
     """The store: one link to Redis (:class:`RedisLink`) and the parts given it, each owning
-    its own state: the decisions, the relay queue, the reads and the "needs a decision" index.
+    its own state: the decisions, the relay queue, the reads and the "needs a decision" index;
+    the outputs' records and the console's reads; and, made on request with the caller's
+    settings, the quota counters and the console's shared state.
 
     The parts are public (``store.decisions``, ``store.relay_queue``, ``store.reads``,
-    ``store.needs``, ``store.link``); the methods callers use are bound here once, from the
-    part that owns them, so a call through the store is the part's own call (no frame more on
-    the hot path). The link's state (the slot marks, the budget, the problems the periodic
-    checks found) is read and set on ``store.link``."""
+    ``store.needs``, ``store.output_records``, ``store.console_reads``, ``store.link``); the
+    methods callers use are bound here once, from the part that owns them, so a call through
+    the store is the part's own call (no frame more on the hot path). The link's state (the
+    slot marks, the budget, the problems the periodic checks found) is read and set on
+    ``store.link``. Nothing above the store is handed the client or the link's generic calls
+    (``run_script``, ``guard``): the store's own modules are given the link."""
 
     def __init__(
         self,
@@ -623,11 +632,10 @@ class Store:
             dispatch_timeout_ms=dispatch_timeout_ms,
             retention_seconds=retention_seconds,
         )
-        # the link: boot, the periodic checks, readiness, and the calls of the other store
-        # modules (run_script, guard, the rejections budget's flag)
+        self.output_records = OutputRecords(link.client, link.batcher)
+        self.console_reads = ConsoleReads(link.client)
+        # the link: boot, the periodic checks, readiness, the rejections budget's flag
         self.aclose = link.aclose
-        self.guard = link.guard
-        self.run_script = link.run_script
         self.load_scripts = link.load_scripts
         self.initialize = link.initialize
         self.load_marks = link.load_marks
@@ -674,9 +682,26 @@ class Store:
         self.record_chain_check = reads.record_chain_check
         self.reconcile_attention = reads.reconcile_attention
 
-    @property
-    def client(self) -> aioredis.Redis:
-        return self.link.client
+    def quota_counters(self, *, retention_seconds: int, window_ttl_seconds: int) -> QuotaCounters:
+        """The tenants' quota counters (:mod:`gateway.store.quota_counters`) on this store's
+        link, their windows' TTL ``window_ttl_seconds``."""
+        return QuotaCounters(
+            self.link.client,
+            self.link.batcher,
+            retention_seconds=retention_seconds,
+            window_ttl_seconds=window_ttl_seconds,
+        )
+
+    def anchorer(self, path: Path, keys: Sequence[str]) -> Anchorer:
+        """The audit chains' anchorer (:mod:`gateway.store.anchors`) on this store's link: it
+        anchors the chains this process's replies extended (``link.audit_touched``) to
+        ``path``, signed with the first of ``keys``."""
+        return Anchorer(self.link.client, self.link.audit_touched, path, keys)
+
+    def console_state(self, *, window_seconds: int) -> ConsoleState:
+        """The console's shared state (:mod:`gateway.store.consolestate`: logouts, login
+        throttling in windows of ``window_seconds``) on this store's link."""
+        return ConsoleState(self.link.client, window_seconds=window_seconds)
 
     @property
     def batcher(self) -> Batcher | ClusterRouter:

@@ -116,7 +116,7 @@ async def test_a_presigned_upload_is_recorded_and_promoted_by_the_completion(
     read = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/big")
     assert await read.read() == body
     entry = json.loads(
-        await ogw.app[OUTPUTS].store.client.hget(JobKeys("default", JOB).outputs, "1/big")
+        await ogw.app[OUTPUTS].store.link.client.hget(JobKeys("default", JOB).outputs, "1/big")
     )
     assert entry["state"] == "recorded" and entry["presigned"] is True
 

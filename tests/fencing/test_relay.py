@@ -161,7 +161,7 @@ async def test_a_step_whose_claim_gets_no_verdict_is_not_picked_again_at_once(
     # the relay's next claim meets the slot "behind": the gateway quarantines Redis (its
     # markers deleted, ~4,100 commands at once); from then on every claim gets no verdict
     for _ in range(100):
-        if not await store.client.exists(MARKER):
+        if not await store.link.client.exists(MARKER):
             break
         await asyncio.sleep(0.1)
     else:

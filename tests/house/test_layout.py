@@ -176,6 +176,49 @@ def test_each_scripts_name_says_how_many_keys_it_takes() -> None:
         assert used == set(range(1, int(name.rsplit("-", 1)[1]) + 1)), name
 
 
+def test_no_lua_is_written_in_a_python_string() -> None:
+    """The store's scripts are files under gateway/store/lua/ (the fenced ones, and lua/plain/
+    for those without the prelude), shared code through includes: no ``redis.call(`` in a
+    Python module. gateway.downstream is the exception: the target-side helper ships alone,
+    without the store (the SDK's import contract)."""
+    found = [
+        rel
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        if (rel := path.relative_to(ROOT).as_posix()) != "gateway/downstream.py"
+        and "redis.call(" in path.read_text(encoding="utf-8")
+    ]
+    assert found == [], f"move the Lua into gateway/store/lua/: {found}"
+
+
+def script_calls(root: Path) -> dict[str, list[str]]:
+    """Each script name a module of gateway/ sends through the link (``run_script`` /
+    ``run_bounded`` with the name written out), and where: ``module:line``."""
+    calls: dict[str, list[str]] = {}
+    for path in sorted((root / "gateway").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("run_script", "run_bounded")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                where = f"{path.relative_to(root).as_posix()}:{node.lineno}"
+                calls.setdefault(str(node.args[0].value), []).append(where)
+    return calls
+
+
+def test_each_script_has_one_call_site_in_the_store() -> None:
+    """One owner per script: a method that builds its KEYS and ARGV, in the store module of
+    its concept (docs/architecture.md, "The store boundary"), and no second caller."""
+    from gateway.store.scripts import SCRIPT_NAMES
+
+    calls = script_calls(ROOT)
+    assert set(calls) == set(SCRIPT_NAMES), set(calls) ^ set(SCRIPT_NAMES)
+    for name, sites in calls.items():
+        assert len(sites) == 1 and sites[0].startswith("gateway/store/"), (name, sites)
+
+
 # Attributes that start with an underscore and are public all the same: expression -> why.
 PUBLIC_UNDERSCORED: dict[str, str] = {
     "os._exit": "the standard library's exit without finalisation (documented, public)",
@@ -239,6 +282,60 @@ def test_no_module_uses_another_modules_private_names() -> None:
         for line, _, code in private_access(path.read_text(encoding="utf-8"))
     ]
     assert found == [], "use a public name (or give the owner a public seam):\n" + "\n".join(found)
+
+
+# Where the raw Redis client (a store's or its link's ``.client``) may be read: inside the store,
+# and where the "redis-in-store" import contract allows redis (the CLI's admin paths, the
+# target-side helper). Above the store, the store hands out its parts instead.
+CLIENT_READERS = ("gateway/store/", "gateway/cli/", "gateway/downstream.py")
+
+
+def client_reads(source: str) -> list[tuple[int, str]]:
+    """Every read of a ``.client`` attribute in ``source``, as (line, code), whatever it is
+    read on: above the store no object has a client to hand out but the store."""
+    return sorted(
+        (node.lineno, ast.unparse(node))
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr == "client"
+    )
+
+
+def modules_reading_the_client(root: Path) -> list[str]:
+    return [
+        f"{rel}:{line}: {code}"
+        for path in sorted((root / "gateway").rglob("*.py"))
+        if not (rel := path.relative_to(root).as_posix()).startswith(CLIENT_READERS)
+        for line, code in client_reads(path.read_text(encoding="utf-8"))
+    ]
+
+
+def test_no_module_above_the_store_reads_a_stores_client() -> None:
+    found = modules_reading_the_client(ROOT)
+    assert found == [], "ask the store for its part (store.output_records, …):\n" + "\n".join(found)
+
+
+def test_the_client_check_fails_on_a_planted_read(tmp_path: Path) -> None:
+    """A copy of gateway/ with the client read planted back above the store: the check names
+    it; the same read inside the store or the CLI is allowed."""
+    import shutil
+
+    shutil.copytree(ROOT / "gateway", tmp_path / "gateway", ignore=shutil.ignore_patterns("*.pyc"))
+    assert modules_reading_the_client(tmp_path) == []
+    outputs = tmp_path / "gateway" / "fencing" / "outputs.py"
+    source = outputs.read_text(encoding="utf-8")
+    planted = source.replace(
+        "self.records = store.output_records",
+        "self.records = OutputRecords(store.link.client, store.batcher)",
+        1,
+    )
+    assert planted != source
+    outputs.write_text(planted, encoding="utf-8")
+    (tmp_path / "gateway" / "cli" / "planted.py").write_text(
+        "def f(store):\n    return store.client\n"
+    )
+    found = modules_reading_the_client(tmp_path)
+    assert len(found) == 1 and found[0].startswith("gateway/fencing/outputs.py:"), found
+    assert found[0].endswith(": store.link.client")
 
 
 def _a_value_or_an_interface(base: type) -> bool:
@@ -377,3 +474,14 @@ def test_the_cycle_check_finds_a_planted_loop(tmp_path: Path, monkeypatch: Any) 
     (pkg / "d.py").write_text("from planted import a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert import_cycles("planted") == [["planted.a", "planted.b", "planted.c"]]
+
+
+def test_the_call_site_check_finds_a_second_caller(tmp_path: Path) -> None:
+    (tmp_path / "gateway" / "store").mkdir(parents=True)
+    (tmp_path / "gateway" / "fencing").mkdir()
+    call = "async def f(link, keys):\n    return await link.run_script('cancel-1', keys, (), ())\n"
+    (tmp_path / "gateway" / "store" / "owner.py").write_text(call)
+    (tmp_path / "gateway" / "fencing" / "second.py").write_text(call.replace("f(", "g("))
+    assert script_calls(tmp_path) == {
+        "cancel-1": ["gateway/fencing/second.py:2", "gateway/store/owner.py:2"]
+    }

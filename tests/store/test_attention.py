@@ -166,7 +166,7 @@ async def test_two_tenants_never_see_each_others_steps(
     assert (await resolve(keyed_gw, "r", "notify", "b", "delivered")).status == 404
     assert (await resolve(keyed_gw, "r", "mail", "alice", "delivered")).status == 404
     # a hint planted in the wrong tenant's key is not believed
-    client = store(keyed_gw).client
+    client = store(keyed_gw).link.client
     await client.zadd(needs_hint("b"), {JobKeys("a", "r").member("notify"): 1})
     assert [i["step"] for i in (await attention(keyed_gw, "b"))["items"]] == ["mail"]
 
@@ -177,7 +177,7 @@ async def test_a_lost_hint_is_repaired_by_the_reconciler(
     """A crash between the verdict (the script indexed the step in its slot) and the hint."""
     await register(keyed_gw, "r", 1)
     await unknown(keyed_gw, upstream, "r", "notify")
-    client = store(keyed_gw).client
+    client = store(keyed_gw).link.client
     await client.delete(needs_hint("a"))  # the hint never got written
     assert (await attention(keyed_gw, "alice"))["items"] == []
     assert await client.zscore(JobKeys("a", "r").needs, JobKeys("a", "r").member("notify"))
@@ -229,7 +229,7 @@ async def test_an_expired_record_is_repaired_out_of_the_index(
     await register(keyed_gw, "r", 1)
     await unknown(keyed_gw, upstream, "r", "notify")
     keys = JobKeys("a", "r")
-    client = store(keyed_gw).client
+    client = store(keyed_gw).link.client
     await client.delete(keys.effect("notify"))  # its retention ran out, unresolved
     assert (await attention(keyed_gw, "alice"))["items"] == []  # the record is the judge
     stats = await store(keyed_gw).reconcile_attention()
@@ -242,7 +242,7 @@ async def test_a_stale_hint_is_skipped_and_dropped_at_read(keyed_gw: Gateway) ->
     await register(keyed_gw, "r", 1)
     assert await effect(keyed_gw, "r", "done", 1) == 200
     keys = JobKeys("a", "r")
-    client = store(keyed_gw).client
+    client = store(keyed_gw).link.client
     await client.zadd(needs_hint("a"), {keys.member("done"): 1})
     assert (await attention(keyed_gw, "alice"))["items"] == []
     assert await client.zscore(needs_hint("a"), keys.member("done")) is None
@@ -293,7 +293,7 @@ entries = st.lists(
 async def test_paging_returns_each_step_once_in_order(
     keyed_gw: Gateway, rows: list[tuple[str, str, int, str]], limit: int
 ) -> None:
-    client = store(keyed_gw).client
+    client = store(keyed_gw).link.client
     await client.delete(needs_hint("p"))
     expected = []
     for job, step, score, state in rows:
@@ -432,7 +432,7 @@ async def test_overview_counts_from_redis(keyed_gw: Gateway, upstream: Upstream)
     assert await effect(keyed_gw, "r", "s", 7) == 409
     await register(keyed_gw, "q", 1)
     await unknown(keyed_gw, upstream, "q", "n")
-    now = int((await store(keyed_gw).client.time())[0]) * 1000 + 1000
+    now = int((await store(keyed_gw).link.client.time())[0]) * 1000 + 1000
     view = await store(keyed_gw).overview("a", now_ms=now)
     assert view["rejections_last_hour"] == {"stale_generation": 2, "unregistered_generation": 1}
     assert view["rejections_total_last_hour"] == 3 and view["open_unknowns"] == 1
@@ -448,7 +448,7 @@ async def test_overview_counts_from_redis(keyed_gw: Gateway, upstream: Upstream)
     kept = (await store(keyed_gw).overview("a", now_ms=now))["last_chain_check"]
     assert kept["jobs"] == 2 and kept["problems_total"] == 300 and len(kept["problems"]) == 200
     assert (await store(keyed_gw).overview("b", now_ms=now))["last_chain_check"] is None
-    raw = await store(keyed_gw).client.get("fg:chain:t:a")
+    raw = await store(keyed_gw).link.client.get("fg:chain:t:a")
     assert json.loads(raw)["entries"] == 6
 
 

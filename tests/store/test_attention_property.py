@@ -65,7 +65,7 @@ async def store(redis_url: str) -> AsyncIterator[Store]:
 
 async def check_truth(s: Store, keys: JobKeys) -> None:
     """The slot's index holds exactly the unknown and dispatching steps (at their deadline)."""
-    c = s.client
+    c = s.link.client
     rows = await c.zrange(keys.needs, 0, -1, withscores=True)
     # the slot's index also holds other jobs that hash to the same slot
     mine = [(json.loads(m), sc) for m, sc in rows]
@@ -84,11 +84,11 @@ async def check_truth(s: Store, keys: JobKeys) -> None:
 
 
 async def needing(s: Store, keys: JobKeys) -> set[str]:
-    seconds, micros = await s.client.time()
+    seconds, micros = await s.link.client.time()
     now = int(seconds) * 1000 + int(micros) // 1000
     out = set()
     for step in STEPS:
-        h = await s.client.hgetall(keys.effect(step))
+        h = await s.link.client.hgetall(keys.effect(step))
         if h.get("state") == "unknown" or (
             h.get("state") == "dispatching" and int(h["deadline"]) <= now
         ):
@@ -134,7 +134,7 @@ async def test_index_follows_every_verdict_and_the_listing_after_a_reconcile(
         elif kind == "wait":
             await asyncio.sleep(DISPATCH_MS * 1.5 / 1000)
         elif kind == "drop_hints":
-            await store.client.delete(needs_hint(tenant))
+            await store.link.client.delete(needs_hint(tenant))
         await check_truth(store, keys)
         # the listing never shows a step its record does not confirm
         listed = {i["step"] for i in await store.attention(tenant, limit=10)}

@@ -1,0 +1,79 @@
+"""The plain scripts (``lua/plain/``, :class:`gateway.store.scripts.PlainScript`): the store's
+counters and reads that run without the prelude. Each is a file with a contract header, its
+name says how many KEYS it takes, its includes come from ``lua/plain/includes/`` (never the
+fenced scripts' includes, which need the prelude), and every one loads into Redis."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import redis
+
+from gateway.store import anchors, link, output_records, quota_counters
+from gateway.store.scripts import PLAIN_NAMES, PlainScript, ScriptSourceError, plain_source
+
+PLAIN = Path(__file__).resolve().parents[2] / "gateway" / "store" / "lua" / "plain"
+_CODE = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.S)  # Lua comments
+
+
+def test_every_plain_script_is_a_file_named_for_its_keys() -> None:
+    assert {p.stem for p in PLAIN.glob("*.lua")} == set(PLAIN_NAMES)
+    for name in PLAIN_NAMES:
+        body = (PLAIN / f"{name}.lua").read_text()
+        assert body.startswith("--[[\n"), name  # the contract header
+        used = {int(k) for k in re.findall(r"KEYS\[(\d+)\]", _CODE.sub("", body))}
+        assert used == set(range(1, int(name.rsplit("-", 1)[1]) + 1)), name
+
+
+def test_a_plain_script_runs_without_the_prelude() -> None:
+    for name in PLAIN_NAMES:
+        source = plain_source(name)
+        assert "run_script(function()" not in source and "local function audit(" not in source
+        assert source.endswith((PLAIN / f"{name}.lua").read_text()), name  # the body is the chunk
+
+
+def test_plain_includes_take_everything_as_arguments_and_are_defined_once() -> None:
+    for path in (PLAIN / "includes").glob("*.lua"):
+        code = _CODE.sub("", path.read_text())
+        assert "KEYS" not in code and "ARGV" not in code, path.name
+    for name in ("ledger-settle-3", "ledger-fix-3"):
+        assert plain_source(name).count("local function ledger_total(") == 1, name
+    assert "ledger_total" not in plain_source("ledger-reserve-3")
+
+
+def test_only_plain_names_load(tmp_path: Path) -> None:
+    with pytest.raises(ScriptSourceError, match="not a plain script"):
+        PlainScript.load("admit-6")
+    (tmp_path / "includes").mkdir()
+    (tmp_path / "s-1.lua").write_text('--- @include "includes/fence"\nreturn 1\n')
+    with pytest.raises(ScriptSourceError, match="unknown include 'fence'"):
+        plain_source("s-1", tmp_path)
+
+
+def test_each_owner_holds_its_plain_scripts() -> None:
+    owned = {
+        quota_counters.RESERVE, quota_counters.SETTLE, quota_counters.SETTLE_CHECKPOINT,
+        quota_counters.DROP, output_records.RESERVE, output_records.SETTLE, output_records.FIX,
+        anchors.SNAPSHOT, link.WITNESS_RAISE,
+    }  # fmt: skip
+    assert {s.name for s in owned} == set(PLAIN_NAMES)
+
+
+def test_every_plain_script_loads_by_its_sha(redis_sync: redis.Redis) -> None:
+    for name in PLAIN_NAMES:
+        script = PlainScript.load(name)
+        assert redis_sync.script_load(script.source) == script.sha, name
+
+
+def test_the_ledger_tail_drops_the_sum_once_nothing_is_charged(redis_sync: redis.Redis) -> None:
+    """ledger-settle-3 through its include: the reservation settled to nothing leaves no key."""
+    keys = ("fg:quota:{t}:out", "fg:quota:{t}:out_up", "fg:quota:{t}:out_bytes")
+    reserve, settle = PlainScript.load("ledger-reserve-3"), PlainScript.load("ledger-settle-3")
+    assert redis_sync.eval(reserve.source, 3, *keys, "k", "u", "10", "0", "0", "") == 10
+    assert redis_sync.eval(settle.source, 3, *keys, "k", "u", "") == -10
+    assert redis_sync.exists(*keys) == 0
+    assert redis_sync.eval(reserve.source, 3, *keys, "k", "u", "10", "0", "0", "") == 10
+    assert redis_sync.eval(settle.source, 3, *keys, "k", "u", "7") == -3
+    assert redis_sync.hgetall(keys[0]) == {"k": "7"} and redis_sync.get(keys[2]) == "7"
