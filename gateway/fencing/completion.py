@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gateway.core.errors import InvalidRequest, Rejection, StoreUnavailable
+from gateway.core.names import NAME, NAME_RULE
 from gateway.fencing.quotas import Quotas
-from gateway.runtime.settings import NAME_RE
 from gateway.store.jobstate import (
     CHECKPOINT_ENVELOPE,
     CheckpointWritten,
@@ -68,10 +68,8 @@ def check_output_names(outputs: Sequence[str]) -> None:
     if len(outputs) > MAX_OUTPUTS:
         raise InvalidRequest(f"a completion names at most {MAX_OUTPUTS} outputs")
     for name in outputs:
-        if not NAME_RE.fullmatch(name):
-            raise InvalidRequest(
-                f"output name {name!r} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$"
-            )
+        if not NAME.fullmatch(name):
+            raise InvalidRequest(f"output name {name!r} {NAME_RULE}")
     if len(set(outputs)) != len(outputs):
         raise InvalidRequest("each output is named once")
 

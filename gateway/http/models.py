@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from gateway.core.names import NAME_PATTERN
 from gateway.core.reasons import REASONS
 from gateway.core.tokens import MAX_GENERATION
 
@@ -40,7 +41,6 @@ __all__ = [
     "iso_ms",
 ]
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 Generation = Field(ge=1, le=MAX_GENERATION)
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from adapters.base import describe
 from gateway.core import fastjson
 from gateway.core.errors import BadToken, InvalidRequest, PayloadTooLarge
+from gateway.core.names import NAME, NAME_RULE
 from gateway.core.records import EffectRecord
 from gateway.core.tokens import parse_unsigned_token
 from gateway.fencing.tenancy import Tenancy
@@ -24,7 +25,6 @@ from gateway.http.models import (
     iso_ms,
 )
 from gateway.runtime.logging import bind
-from gateway.runtime.settings import NAME_RE
 from gateway.store.keys import JobKeys
 
 # every pattern here is used with fullmatch: "$" would accept a trailing "\n"
@@ -65,8 +65,8 @@ def respond_fields(
 
 
 def checked_name(value: str, what: str) -> str:
-    if not NAME_RE.fullmatch(value):
-        raise InvalidRequest(f"{what} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$")
+    if not NAME.fullmatch(value):
+        raise InvalidRequest(f"{what} {NAME_RULE}")
     return value
 
 

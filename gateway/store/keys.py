@@ -2,7 +2,7 @@
 
 All keys of one job share the hash tag ``{<tenant>/<job_id>}``, so every script
 touches exactly one slot and runs unchanged on Redis Cluster. Neither tenant nor
-job id can contain ``{``, ``}`` or ``:`` (see :data:`gateway.runtime.settings.NAME_RE`),
+job id can contain ``{``, ``}`` or ``:`` (see :data:`gateway.core.names.NAME`),
 so the tag is unambiguous.
 
 ======================  =====================================================
