@@ -33,11 +33,11 @@ from typing import Any, Protocol
 
 from gateway.core.errors import InvalidRequest, Rejection, StoreUnavailable
 from gateway.core.names import NAME, NAME_RULE
+from gateway.core.records import CompletionRecord
 from gateway.fencing.quotas import Quotas
 from gateway.store.jobstate import (
     CHECKPOINT_ENVELOPE,
     CheckpointWritten,
-    CompletionRecord,
     JobState,
     canonical_json,
 )

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from gateway.core.names import NAME_PATTERN
 from gateway.core.reasons import REASONS
+from gateway.core.records import EffectState
 from gateway.core.tokens import MAX_GENERATION
 
 __all__ = [
@@ -132,7 +133,7 @@ class EffectAcceptedOut(BaseModel):
 class EffectRecordOut(BaseModel):
     job_id: str
     step: str
-    state: Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
+    state: EffectState
     generation: int
     intent_sha256: str
     adapter: str
