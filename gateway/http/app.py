@@ -299,11 +299,9 @@ def create_app(
 
         attention_every = settings.fencing.attention_reconcile_seconds
 
-        async def attention_tick() -> (
-            None
-        ):  # the "needs a decision" hints (gateway.store.attention)
+        async def attention_tick() -> None:  # the attention hints (gateway.store.attention)
             # one gateway of the deployment per interval; not at start: the hints outlive a restart
-            if await store.needs.take_turn(int(attention_every * 1000)):
+            if await store.attention_index.take_turn(int(attention_every * 1000)):
                 await store.reconcile_attention()
 
         redis_settings, sweep_every = settings.redis, settings.outputs.sweep_interval_seconds

@@ -63,7 +63,7 @@ from gateway.core.records import (
 from gateway.core.tokens import MAX_GENERATION
 from gateway.store import scripts
 from gateway.store.anchors import note_audit
-from gateway.store.attention import NeedsIndex
+from gateway.store.attention import AttentionIndex
 from gateway.store.batching import Batcher
 from gateway.store.keys import JobKeys
 from gateway.store.link import RedisLink
@@ -140,7 +140,7 @@ class Decisions:
     def __init__(
         self,
         link: RedisLink,
-        needs: NeedsIndex,
+        attention: AttentionIndex,
         reads: StoreReads,
         *,
         registration: str,
@@ -148,7 +148,7 @@ class Decisions:
         retention_seconds: int,
     ) -> None:
         self._link = link
-        self._needs = needs
+        self._attention = attention
         self._reads = reads  # resolve answers the record as it reads afterwards
         self._registration = registration
         self._dispatch_timeout_ms = str(dispatch_timeout_ms)
@@ -318,7 +318,7 @@ class Decisions:
         reply = await self._link.run_script(
             "resolve-5",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
+            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.attention),
             (
                 "delivered" if delivered else "not_delivered",
                 "" if result is None else json.dumps(result, separators=(",", ":")),
@@ -346,7 +346,7 @@ class Decisions:
             worker_id=operator,
             by=by or operator,
         )
-        await self._needs.unhint(keys, step)
+        await self._attention.unhint(keys, step)
         record = await self._reads.effect(keys, step)
         assert record is not None
         return record
@@ -394,7 +394,7 @@ class Decisions:
         reply = await self._link.run_bounded(
             "admit-6",
             keys,
-            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
+            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.attention),
             (
                 *fenced_args(
                     keys,
@@ -434,7 +434,7 @@ class Decisions:
             return InProgress(int(reply[1]))
         if code == AdmitReply.UNKNOWN:
             unknown = EffectRecord.from_flat(reply[1:])
-            await self._needs.hint(keys, step, unknown.updated_at_ms)
+            await self._attention.hint(keys, step, unknown.updated_at_ms)
             return Unresolved(unknown)
         if code == AdmitReply.QUEUED:
             if reply[1]:  # a supersession
@@ -460,11 +460,11 @@ class Decisions:
         reply = await self._link.run_script(
             "void-4",
             keys,
-            (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.needs),
+            (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.attention),
             (dispatch_id, self._retention, keys.member(step), str(run_before_ms or "")),
         )
         if reply[1] == "unknown":
-            await self._needs.hint(keys, step)
+            await self._attention.hint(keys, step)
         return str(reply[1])
 
     async def record(
@@ -485,7 +485,7 @@ class Decisions:
         reply = await self._link.run_script(
             "record-3",
             keys,
-            (keys.effect(step), keys.relayq, keys.needs),
+            (keys.effect(step), keys.relayq, keys.attention),
             (
                 dispatch_id,
                 state,
@@ -500,7 +500,7 @@ class Decisions:
         if int(reply[0]) != RecordReply.RECORDED:
             return False, None
         if state == "unknown":
-            await self._needs.hint(keys, step)
+            await self._attention.hint(keys, step)
         return True, (int(reply[1]) if reply[1] else None)
 
     # -- outputs (gateway.fencing.outputs) -----------------------------------
@@ -582,9 +582,9 @@ class Store:
     its own state: the decisions, the relay queue, the reads and the "needs a decision" index.
 
     The parts are public (``store.decisions``, ``store.relay_queue``, ``store.reads``,
-    ``store.needs``, ``store.link``); the methods callers use are bound here once, from the
-    part that owns them, so a call through the store is the part's own call (no frame more on
-    the hot path). The link's state (the slot marks, the budget, the problems the periodic
+    ``store.attention_index``, ``store.link``); the methods callers use are bound here once,
+    from the part that owns them, so a call through the store is the part's own call (no frame
+    more on the hot path). The link's state (the slot marks, the budget, the problems the periodic
     checks found) is read and set on ``store.link``."""
 
     def __init__(
@@ -607,17 +607,17 @@ class Store:
             audit_key=audit_key,
             ack=ack,
         )
-        needs = self.needs = NeedsIndex(link)
-        reads = self.reads = StoreReads(link, needs)
+        attention = self.attention_index = AttentionIndex(link)
+        reads = self.reads = StoreReads(link, attention)
         relay_queue = self.relay_queue = RelayQueue(
             link,
-            needs,
+            attention,
             dispatch_timeout_ms=dispatch_timeout_ms,
             retention_seconds=retention_seconds,
         )
         decisions = self.decisions = Decisions(
             link,
-            needs,
+            attention,
             reads,
             registration=registration,
             dispatch_timeout_ms=dispatch_timeout_ms,

@@ -192,7 +192,7 @@ def i_index(c: Ctx) -> str | None:
     """The slot's "needs a decision" index holds exactly the steps whose outcome is unknown
     or that are dispatching, a dispatching one scored by its deadline (every
     script that changes a step's state keeps it, atomically, on every path)."""
-    indexed = {_queue_step(m): sc for m, sc in c.raw["needs"]}
+    indexed = {_queue_step(m): sc for m, sc in c.raw["attention"]}
     for step, h in c.raw["fx"].items():
         state = h.get("state")
         if state in ("unknown", "dispatching") and step not in indexed:
