@@ -10,11 +10,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["NAME", "NAME_PATTERN", "NAME_RULE", "tenant_list"]
+from gateway.core.errors import InvalidRequest
+
+__all__ = ["NAME", "NAME_PATTERN", "NAME_RULE", "checked_name", "tenant_list"]
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch it: no trailing "\n"
 NAME_PATTERN = f"^{NAME.pattern}$"  # pydantic and JSON Schema search: anchored both ends
 NAME_RULE = f"must match {NAME_PATTERN}"  # "<what> must match ^...$"
+
+
+def checked_name(value: str, what: str) -> str:
+    """``value`` if it is a name, else :class:`InvalidRequest` (400) "<what> must match …"."""
+    if not NAME.fullmatch(value):
+        raise InvalidRequest(f"{what} {NAME_RULE}")
+    return value
 
 
 def tenant_list(v: Any) -> Any:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gateway.core.errors import InvalidRequest, Rejection, StoreUnavailable
-from gateway.core.names import NAME, NAME_RULE
+from gateway.core.names import checked_name
 from gateway.core.records import CompletionRecord
 from gateway.fencing.quotas import Quotas
 from gateway.store.jobstate import (
@@ -68,8 +68,7 @@ def check_output_names(outputs: Sequence[str]) -> None:
     if len(outputs) > MAX_OUTPUTS:
         raise InvalidRequest(f"a completion names at most {MAX_OUTPUTS} outputs")
     for name in outputs:
-        if not NAME.fullmatch(name):
-            raise InvalidRequest(f"output name {name!r} {NAME_RULE}")
+        checked_name(name, f"output name {name!r}")
     if len(set(outputs)) != len(outputs):
         raise InvalidRequest("each output is named once")
 

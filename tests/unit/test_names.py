@@ -14,9 +14,8 @@ import pytest
 
 from adapters.base import InvalidPayload
 from gateway.core.errors import InvalidRequest
-from gateway.core.names import NAME, NAME_PATTERN, NAME_RULE
+from gateway.core.names import NAME, NAME_PATTERN, NAME_RULE, checked_name
 from gateway.fencing.completion import check_output_names
-from gateway.http.parsing import checked_name
 from gateway.proxy.steps import StepRefused, derive_step
 from gateway.runtime.settings import ConfigError, load_settings
 
