@@ -4,7 +4,7 @@ Each check is a named function of one transition: it returns ``None``, or a
 message saying what broke and a short signature of the kind of breakage (the
 explorer keeps the shortest trace of every distinct signature: e.g. a relay
 claim of a ``pending`` step and of an operator-resolved ``released`` step
-below the fence are two counterexamples, holes 2 and 3 of issue 12).
+below the fence are two distinct counterexamples).
 ``ON_STEP`` run after every step, ``AT_QUIESCENCE`` only in states where no
 actor can move any more (time aside).
 """
