@@ -1,8 +1,9 @@
 """``create_app(settings, redis_url=…)`` → the aiohttp application.
 
-Resources live in ``cleanup_ctx`` in dependency order: Redis and the store,
-then the shared HTTP session and the adapters, then the effect service (whose
-cleanup drains in-flight dispatches before the adapters close).
+Resources live in two ``cleanup_ctx`` in dependency order: Redis and the store with its
+periodic ticks (:func:`_store_lifetime`), then the adapters on their pools and the effect
+service (:func:`_service_lifetime`, whose cleanup stops the relay and records what the
+shutdown's drain left before the adapters close).
 """
 
 from __future__ import annotations
