@@ -33,7 +33,6 @@ a proxy, or whose proxy never answers 503 after forwarding, may add 503.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
@@ -53,10 +52,9 @@ from adapters.base import (
     Unknown,
 )
 from adapters.headers import check_header
+from gateway.core.names import NAME, NAME_RULE
 
 __all__ = ["WebhookAdapter", "WebhookConfig"]
-
-_OPERATION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: no trailing "\n"
 
 
 class WebhookConfig(AdapterConfig):
@@ -115,8 +113,8 @@ class WebhookAdapter:
             self._headers[header] = value
 
     def validate(self, operation: str, payload: Mapping[str, Any]) -> None:
-        if not _OPERATION.fullmatch(operation):
-            raise InvalidPayload("operation must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+        if not NAME.fullmatch(operation):
+            raise InvalidPayload(f"operation {NAME_RULE}")
 
     async def dispatch(self, request: EffectRequest) -> Outcome:
         headers = {

@@ -516,7 +516,7 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
         tk, ta = trailer(f"a{prefix}{i}")
         await client.evalsha(
             admit_sha, 8, keys.job, keys.effect(f"{prefix}{i}"), keys.audit, keys.steps,
-            keys.relayq, keys.needs, *tk,
+            keys.relayq, keys.attention, *tk,
             *fenced_args(keys, 1, "required", "", "3600", "", ""),
             f"{prefix}{i}", "0" * 64, "hook", "send", f"a{prefix}{i}", "30000", "0", "",
             keys.member(f"{prefix}{i}"), "", "", *ta,
@@ -525,7 +525,7 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     async def record_raw(i: int) -> None:
         tk, ta = trailer(f"r{i}")
         await client.evalsha(
-            record_sha, 5, keys.effect(f"s{i}"), keys.relayq, keys.needs, *tk, f"as{i}",
+            record_sha, 5, keys.effect(f"s{i}"), keys.relayq, keys.attention, *tk, f"as{i}",
             "succeeded", '{"ok":true}', "", "3600", keys.member(f"s{i}"), "0", *ta,
         )  # fmt: skip
 

@@ -24,8 +24,9 @@ from gateway.cli.common import EXIT_CONFIG, EXIT_RUNTIME
 from gateway.cli.jobs import cmd_audit, cmd_job
 from gateway.cli.serve import cmd_serve
 from gateway.core.errors import FencegateError
+from gateway.core.names import NAME, NAME_RULE
 from gateway.objects import runtime_started
-from gateway.runtime.settings import NAME_RE, ConfigError
+from gateway.runtime.settings import ConfigError
 
 if TYPE_CHECKING:
     pass
@@ -38,8 +39,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _tenant(value: str) -> str:
-    if not NAME_RE.fullmatch(value):
-        raise argparse.ArgumentTypeError(f"tenant must match {NAME_RE.pattern}")
+    if not NAME.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"tenant {NAME_RULE}")
     return value
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.core.names import NAME
 from gateway.core.reasons import REASONS
-from gateway.runtime.settings import NAME_RE
 from gateway.store.console_reads import ConsoleReads, Entry
 from gateway.store.keys import JobKeys
 
@@ -81,7 +81,7 @@ class Filters:
         job, reason, worker, since, until = (
             q.get(k, "").strip() for k in ("job", "reason", "worker", "since", "until")
         )
-        if job and not NAME_RE.fullmatch(job):
+        if job and not NAME.fullmatch(job):
             raise BadFilter("job must be a job id (letters, digits, '.', '_', '-')")
         if reason and reason not in REASONS:
             raise BadFilter("reason must be one of the listed reasons")

@@ -17,8 +17,8 @@ from gateway.console.data import JOB_CAP, iso, job_entries
 from gateway.console.live import open_stream
 from gateway.core import fastjson
 from gateway.core.errors import FencegateError
+from gateway.core.names import NAME
 from gateway.fencing.resolution import resolve_step
-from gateway.runtime.settings import NAME_RE
 from gateway.store.keys import JobKeys
 
 __all__ = ["add_routes"]
@@ -27,7 +27,7 @@ ATTENTION_PAGE = 50
 
 
 def _name(value: str, what: str) -> str:
-    if not NAME_RE.fullmatch(value):
+    if not NAME.fullmatch(value):
         raise web.HTTPNotFound(text=f"no such {what}")
     return value
 

@@ -1,14 +1,29 @@
-"""Names: the pattern of a tenant, job, step or adapter name, and the ``tenants`` list an
-adapter or upstream section names (``"*"`` or tenant names)."""
+"""Names: the pattern of a tenant, job, step, adapter, upstream, output or operation name,
+and the ``tenants`` list an adapter or upstream section names (``"*"`` or tenant names).
+
+``NAME`` is the one definition: code fullmatches it; ``NAME_PATTERN`` is the same pattern
+anchored, for whatever searches instead of matching whole (pydantic's ``pattern``, the
+OpenAPI document) and for people (``NAME_RULE``, the end of every refusal of a name)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-__all__ = ["NAME", "tenant_list"]
+from gateway.core.errors import InvalidRequest
+
+__all__ = ["NAME", "NAME_PATTERN", "NAME_RULE", "checked_name", "tenant_list"]
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch it: no trailing "\n"
+NAME_PATTERN = f"^{NAME.pattern}$"  # pydantic and JSON Schema search: anchored both ends
+NAME_RULE = f"must match {NAME_PATTERN}"  # "<what> must match ^...$"
+
+
+def checked_name(value: str, what: str) -> str:
+    """``value`` if it is a name, else :class:`InvalidRequest` (400) "<what> must match …"."""
+    if not NAME.fullmatch(value):
+        raise InvalidRequest(f"{what} {NAME_RULE}")
+    return value
 
 
 def tenant_list(v: Any) -> Any:

@@ -17,6 +17,7 @@ __all__ = [
     "Admitted",
     "AuditCheck",
     "AuditEntry",
+    "CompletionRecord",
     "EffectRecord",
     "EffectResult",
     "EffectState",
@@ -196,6 +197,24 @@ class OutputRecord:
             )
         except (TypeError, ValueError) as exc:  # a field of another type (a list for a size)
             raise ValueError(f"output record {field!r}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRecord:
+    """The job's fenced completion as stored (the ``completed`` field of its job hash): which
+    generation, when (ms, Redis's clock), its result and the outputs it promoted. The SDK's
+    :class:`gateway.client.jobdata.Completion` is the API's answer built from it."""
+
+    generation: int
+    at_ms: int
+    result: Any
+    outputs: dict[str, dict[str, Any]]
+    replayed: bool = False
+
+    @classmethod
+    def from_json(cls, raw: str, *, replayed: bool = False) -> CompletionRecord:
+        d = fastjson.loads(raw)
+        return cls(int(d["generation"]), int(d["at_ms"]), d["result"], d["outputs"], replayed)
 
 
 @dataclass(frozen=True, slots=True)

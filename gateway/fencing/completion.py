@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gateway.core.errors import InvalidRequest, Rejection, StoreUnavailable
+from gateway.core.names import checked_name
+from gateway.core.records import CompletionRecord
 from gateway.fencing.quotas import Quotas
-from gateway.runtime.settings import NAME_RE
 from gateway.store.jobstate import (
     CHECKPOINT_ENVELOPE,
     CheckpointWritten,
-    CompletionRecord,
     JobState,
     canonical_json,
 )
@@ -68,10 +68,7 @@ def check_output_names(outputs: Sequence[str]) -> None:
     if len(outputs) > MAX_OUTPUTS:
         raise InvalidRequest(f"a completion names at most {MAX_OUTPUTS} outputs")
     for name in outputs:
-        if not NAME_RE.fullmatch(name):
-            raise InvalidRequest(
-                f"output name {name!r} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$"
-            )
+        checked_name(name, f"output name {name!r}")
     if len(set(outputs)) != len(outputs):
         raise InvalidRequest("each output is named once")
 

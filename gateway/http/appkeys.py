@@ -10,7 +10,7 @@ from gateway.fencing.completion import CompletionService
 from gateway.fencing.quotas import Quotas
 from gateway.fencing.service import EffectService
 from gateway.fencing.tenancy import Tenancy
-from gateway.http.auth import Authenticator
+from gateway.http.auth import AUTH as AUTH  # declared beside its class (http.auth reads it)
 from gateway.objects.space import SpaceFloor
 from gateway.runtime.metrics import Metrics
 from gateway.runtime.settings import Settings
@@ -18,7 +18,6 @@ from gateway.store.jobstate import JobState
 from gateway.store.store import Store
 
 SETTINGS = web.AppKey("settings", Settings)
-AUTH = web.AppKey("auth", Authenticator)
 METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", Store)
 ADAPTERS = web.AppKey("adapters", dict[str, Adapter])

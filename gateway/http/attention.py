@@ -13,6 +13,7 @@ from aiohttp import web
 
 from gateway.core.errors import InvalidRequest
 from gateway.http import appkeys as K
+from gateway.http.auth import caller_as
 from gateway.http.models import AttentionItemOut, AttentionPageOut, iso_ms
 
 __all__ = ["get_attention"]
@@ -22,8 +23,7 @@ _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,1200}")
 
 
 async def get_attention(request: web.Request) -> web.Response:
-    principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
-    principal.require("auditor")
+    principal = caller_as(request, "auditor")
     q = request.query
     raw_limit = q.get("limit", "100")
     if not _LIMIT.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= 1000:

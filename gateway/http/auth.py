@@ -1,9 +1,13 @@
-"""Role keys and tenants: ``Authorization: Bearer <key>`` → :class:`Principal`.
+"""Role keys and tenants: ``Authorization: Bearer <key>`` → :class:`Principal`, and the
+request's authentication and authorisation (:func:`caller_as`, :func:`job_as`).
 
 Keys are configured as SHA-256 digests (or read from an env var and digested
 at start); a presented key is digested and compared in constant time with
 every configured digest. With no keys configured the gateway is open, every
 caller is ``admin`` of tenant ``default``, and it only serves on loopback.
+
+The app holds its :class:`Authenticator` under :data:`AUTH` (declared here, beside its
+class, and named again in :mod:`gateway.http.appkeys`).
 """
 
 from __future__ import annotations
@@ -13,10 +17,15 @@ import hmac
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gateway.core.errors import Forbidden, Unauthorized
-from gateway.runtime.settings import AuthKey
+from aiohttp import web
 
-__all__ = ["OPEN", "Authenticator", "Principal"]
+from gateway.core.errors import Forbidden, Unauthorized
+from gateway.core.names import checked_name
+from gateway.runtime.logging import bind
+from gateway.runtime.settings import AuthKey
+from gateway.store.keys import JobKeys
+
+__all__ = ["AUTH", "OPEN", "Authenticator", "Principal", "caller_as", "job_as", "job_keys"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +98,30 @@ class Authenticator:
         if found is None:
             raise Unauthorized("unknown API key")
         return found
+
+
+AUTH = web.AppKey("auth", Authenticator)
+
+
+def caller_as(request: web.Request, *roles: str) -> Principal:
+    """Authenticate the request's ``Authorization`` and, given roles, authorise one of them
+    (``admin`` may do anything). 401 for a missing or unknown key, 403 for another role."""
+    principal = request.app[AUTH].authenticate(request.headers.get("Authorization"))
+    if roles:
+        principal.require(*roles)
+    return principal
+
+
+def job_as(request: web.Request, *roles: str) -> tuple[JobKeys, Principal]:
+    """Authenticate, authorise, and name the job in the caller's tenant (no roles: the
+    caller authorises itself afterwards)."""
+    principal = request.app[AUTH].authenticate(request.headers.get("Authorization"))
+    if roles:
+        principal.require(*roles)
+    job_id = checked_name(request.match_info["job"], "job id")
+    bind(job_id=job_id, tenant=principal.tenant)
+    return JobKeys(principal.tenant, job_id), principal
+
+
+def job_keys(request: web.Request, *roles: str) -> JobKeys:
+    return job_as(request, *roles)[0]

@@ -2,13 +2,13 @@
 place the wire models of an output (:class:`~gateway.http.models.OutputOut`,
 :class:`~gateway.http.models.OutputRecordOut`, :class:`~gateway.http.models.PromotedOutputOut`)
 are built from the records the store answers (:class:`~gateway.core.records.OutputRecord`,
-:class:`~gateway.store.jobstate.CompletionRecord`)."""
+:class:`~gateway.core.records.CompletionRecord`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.core.records import OutputRecord
+from gateway.core.records import CompletionRecord, OutputRecord
 from gateway.http.models import (
     CheckpointOut,
     CheckpointSummaryOut,
@@ -18,7 +18,7 @@ from gateway.http.models import (
     PromotedOutputOut,
     iso_ms,
 )
-from gateway.store.jobstate import Checkpoint, CompletionRecord, JobStateView
+from gateway.store.jobstate import Checkpoint, JobStateView
 
 __all__ = [
     "checkpoint_out",

@@ -8,8 +8,11 @@ from typing import Any
 from aiohttp import web
 
 from gateway.core.errors import InvalidRequest, NotFound, PayloadTooLarge
+from gateway.core.names import checked_name
 from gateway.http import appkeys as K
+from gateway.http.auth import job_as, job_keys
 from gateway.http.codings import read_decoded
+from gateway.http.generations import generation_of
 from gateway.http.job_state_models import checkpoint_out, completion_out, summary
 from gateway.http.models import (
     CheckpointBody,
@@ -20,10 +23,6 @@ from gateway.http.models import (
 )
 from gateway.http.parsing import (
     check_shape,
-    checked_name,
-    generation_of,
-    job_as,
-    job_keys,
     parse_json,
     read_body,
     respond,

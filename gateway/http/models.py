@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from gateway.core.names import NAME_PATTERN
 from gateway.core.reasons import REASONS
+from gateway.core.records import EffectState
 from gateway.core.tokens import MAX_GENERATION
 
 __all__ = [
@@ -40,7 +42,6 @@ __all__ = [
     "iso_ms",
 ]
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 Generation = Field(ge=1, le=MAX_GENERATION)
 
 
@@ -132,7 +133,7 @@ class EffectAcceptedOut(BaseModel):
 class EffectRecordOut(BaseModel):
     job_id: str
     step: str
-    state: Literal["pending", "dispatching", "succeeded", "failed", "unknown", "released"]
+    state: EffectState
     generation: int
     intent_sha256: str
     adapter: str

@@ -11,8 +11,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway import __version__
+from gateway.core.names import NAME_PATTERN
 from gateway.http.job_state_views import JOB_ROUTES
-from gateway.http.models import NAME_PATTERN, Problem
+from gateway.http.models import Problem
 from gateway.http.outputs import OUTPUT_ROUTES
 from gateway.http.views import ROUTES
 

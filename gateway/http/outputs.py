@@ -28,10 +28,12 @@ from gateway.core.errors import (
 )
 from gateway.fencing.outputs import OutputService
 from gateway.http import appkeys as K
+from gateway.http.auth import job_as
 from gateway.http.codings import codings_of
+from gateway.http.generations import generation_of
 from gateway.http.job_state_models import output_out
 from gateway.http.models import OutputOut, iso_ms
-from gateway.http.parsing import generation_of, job_as, read_body, respond, worker_id_of
+from gateway.http.parsing import read_body, respond, worker_id_of
 from gateway.http.views import Route
 from gateway.objects import ObjectStoreError, valid_output_name
 from gateway.runtime.logging import bind

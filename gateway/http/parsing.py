@@ -1,5 +1,6 @@
-"""Reading a request: names, the job and its role check, generations and tokens, Worker-Id,
-strict JSON bodies with their shape limits, and writing a model as the response."""
+"""Reading a request: its step name, Worker-Id, strict JSON bodies with their shape limits;
+and writing a model as the response. Who calls is :mod:`gateway.http.auth`'s; the presented
+generation :mod:`gateway.http.generations`'."""
 
 from __future__ import annotations
 
@@ -12,19 +13,17 @@ from pydantic import BaseModel, ValidationError
 
 from adapters.base import describe
 from gateway.core import fastjson
-from gateway.core.errors import BadToken, InvalidRequest, PayloadTooLarge
+from gateway.core.errors import InvalidRequest, PayloadTooLarge
+from gateway.core.names import checked_name
 from gateway.core.records import EffectRecord
-from gateway.core.tokens import parse_unsigned_token
 from gateway.fencing.tenancy import Tenancy
 from gateway.http import appkeys as K
-from gateway.http.auth import Principal
 from gateway.http.codings import read_decoded
 from gateway.http.models import (
     EffectRecordOut,
     iso_ms,
 )
 from gateway.runtime.logging import bind
-from gateway.runtime.settings import NAME_RE
 from gateway.store.keys import JobKeys
 
 # every pattern here is used with fullmatch: "$" would accept a trailing "\n"
@@ -64,55 +63,10 @@ def respond_fields(
     return web.Response(body=body, status=status, content_type=JSON, headers=headers)
 
 
-def checked_name(value: str, what: str) -> str:
-    if not NAME_RE.fullmatch(value):
-        raise InvalidRequest(f"{what} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$")
-    return value
-
-
-def job_as(request: web.Request, *roles: str) -> tuple[JobKeys, Principal]:
-    """Authenticate, authorise, and name the job in the caller's tenant (no roles: the
-    caller authorises itself afterwards)."""
-    principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
-    if roles:
-        principal.require(*roles)
-    job_id = checked_name(request.match_info["job"], "job id")
-    bind(job_id=job_id, tenant=principal.tenant)
-    return JobKeys(principal.tenant, job_id), principal
-
-
-def job_keys(request: web.Request, *roles: str) -> JobKeys:
-    return job_as(request, *roles)[0]
-
-
 def step_of(request: web.Request) -> str:
     step = checked_name(request.match_info["step"], "step")
     bind(step=step)
     return step
-
-
-async def generation_of(
-    request: web.Request,
-    keys: JobKeys,
-    *,
-    step: str = "",
-    worker_id: str | None = None,
-    adapter: str = "",
-) -> int:
-    """The presented generation; with signing on, the token must verify (else audited 400)."""
-    raw = request.headers.get("Fencing-Token")
-    signer = request.app[K.SIGNER]
-    if signer is None:
-        gen = parse_unsigned_token(raw)
-    else:
-        try:
-            gen = signer.verify(raw, keys.tenant, keys.job_id)
-        except BadToken as err:
-            raise await request.app[K.STORE].reject(
-                keys, err, step=step, worker_id=worker_id or "", adapter=adapter
-            ) from None
-    bind(generation=gen)
-    return gen
 
 
 def worker_id_of(request: web.Request) -> str | None:

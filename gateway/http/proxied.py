@@ -53,11 +53,13 @@ from gateway.core.errors import (
     ReplayUnavailable,
     UnsupportedMediaType,
 )
+from gateway.core.names import checked_name
 from gateway.core.reasons import REFUSALS
 from gateway.http import appkeys as K
-from gateway.http.auth import Principal
+from gateway.http.auth import Principal, caller_as
 from gateway.http.expect import checked_expect, continue_if_expected, deferred
-from gateway.http.parsing import checked_name, generation_of, worker_id_of
+from gateway.http.generations import generation_of
+from gateway.http.parsing import worker_id_of
 from gateway.http.proxy_body import ProxiedBody, Spooling, read_proxied_body, spool_dir
 from gateway.proxy.answer import OUTCOME, refusal
 from gateway.proxy.config import Upstream, load_upstreams
@@ -238,8 +240,7 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
     checked_expect(request)
     if "Upgrade" in request.headers:
         raise InvalidRequest("a protocol upgrade (Upgrade) is not proxied")
-    principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
-    principal.require("worker")
+    principal = caller_as(request, "worker")
     upstream = request.app[PROXY].upstreams.get(name)
     if upstream is None or not upstream.serves(principal.tenant):
         raise NotFound(f"no upstream named {name[:128]!r} is configured")

@@ -16,9 +16,12 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from gateway.core.errors import Forbidden, InvalidRequest, NotFound
+from gateway.core.names import checked_name
 from gateway.fencing.resolution import resolve_step
 from gateway.http import appkeys as K
 from gateway.http.attention import get_attention
+from gateway.http.auth import caller_as, job_as, job_keys
+from gateway.http.generations import generation_of
 from gateway.http.job_state_models import job_state_out
 from gateway.http.models import (
     AttentionPageOut,
@@ -43,10 +46,6 @@ from gateway.http.parsing import (
     JSON,
     LIMIT_RE,
     U64,
-    checked_name,
-    generation_of,
-    job_as,
-    job_keys,
     read_body,
     record_out,
     respond,
@@ -228,8 +227,7 @@ async def cancel_job(request: web.Request) -> web.Response:
 
 
 async def audit_rejections(request: web.Request) -> web.Response:
-    principal = request.app[K.AUTH].authenticate(request.headers.get("Authorization"))
-    principal.require("auditor")
+    principal = caller_as(request, "auditor")
     q = request.query
     job_id = checked_name(q["job"], "job") if "job" in q else None
     raw_limit = q.get("limit", "100")

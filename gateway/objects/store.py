@@ -7,9 +7,10 @@ streamed gets, listing, idempotent deletes and, for S3, signed URLs. No hand-wri
 HTTP client, no boto.
 
 Keys: ``<prefix><tenant>/<job>/g<generation>/<name>`` (:func:`output_key`). Tenant and
-job match ``NAME_RE`` (no ``/``), the generation is a decimal integer and the name is
-checked by :func:`valid_output_name` before any key is built, so a key can never leave
-its attempt's prefix (no ``..``, no absolute path, no separator, no NUL).
+job are names (:data:`gateway.core.names.NAME`: no ``/``), the generation is a decimal
+integer and the name is checked by :func:`valid_output_name` before any key is built, so
+a key can never leave its attempt's prefix (no ``..``, no absolute path, no separator, no
+NUL).
 
 The file store is private to the gateway's user, whatever the umask: its root folder is
 made mode 0700 at start, and every object written is mode 0600 in folders of mode 0700
@@ -34,6 +35,7 @@ from obstore.exceptions import BaseError as ObstoreBaseError
 from obstore.exceptions import PreconditionError
 from obstore.store import LocalStore, S3Store
 
+from gateway.core.names import NAME
 from gateway.objects.space import SpaceFloor
 from gateway.runtime.settings import ConfigError, OutputSettings, Settings
 
@@ -50,10 +52,10 @@ __all__ = [
     "valid_output_name",
 ]
 
-# an output name is one path segment: the first character alphanumeric (no ".", "..",
-# hidden or absolute names), then letters, digits, ".", "_", "-"; at most 128 characters
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+# an output name is one path segment, a name (gateway.core.names.NAME): the first character
+# alphanumeric (no ".", "..", hidden or absolute names), then letters, digits, ".", "_", "-";
+# at most 128 characters. Tenant and job are names too.
+_PART = NAME.pattern
 _KEY = re.compile(rf"({_PART})/({_PART})/g([1-9][0-9]{{0,15}})/({_PART})")
 # the local store writes a put to "<key>#<n>" and renames it into place when it ends: a
 # process killed mid-put leaves that file behind, and the store's listing never shows it
@@ -82,7 +84,7 @@ class PreconditionFailed(ObjectStoreError):
 
 def valid_output_name(name: str) -> bool:
     """One safe path segment (see the module docstring); ``..`` or ``a/b`` never pass."""
-    return _NAME.fullmatch(name) is not None and ".." not in name
+    return NAME.fullmatch(name) is not None and ".." not in name
 
 
 def output_key(tenant: str, job: str, generation: int, name: str) -> str:

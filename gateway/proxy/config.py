@@ -31,10 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from adapters.base import describe
 from adapters.headers import check_header
-from gateway.core.names import tenant_list
+from gateway.core.names import NAME, NAME_RULE, tenant_list
 from gateway.proxy.routing import RoutePattern, address_refused, parse_route
 from gateway.proxy.steps import check_step_from
-from gateway.runtime.settings import NAME_RE, ConfigError
+from gateway.runtime.settings import ConfigError
 
 __all__ = ["Upstream", "UpstreamConfig", "load_upstreams"]
 
@@ -297,8 +297,8 @@ def load_upstreams(
     out: dict[str, Upstream] = {}
     known = frozenset(tenants)
     for name, section in sections.items():
-        if not NAME_RE.fullmatch(name):
-            raise ConfigError(f"upstream name {name!r} must match {NAME_RE.pattern}")
+        if not NAME.fullmatch(name):
+            raise ConfigError(f"upstream name {name!r} {NAME_RULE}")
         try:
             config = UpstreamConfig(**section)
         except ValidationError as exc:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.core import fastjson
-from gateway.core.names import NAME
+from gateway.core.names import NAME, NAME_RULE
 
 __all__ = ["StepRefused", "check_step_from", "derive_step", "json_pointer"]
 
@@ -96,5 +96,5 @@ def derive_step(step_from: str, client_key: str | None, body: bytes) -> str:
 
 def _named(value: str, what: str) -> str:
     if not NAME.fullmatch(value):
-        raise StepRefused(f"{what} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}$")
+        raise StepRefused(f"{what} {NAME_RULE}")
     return value

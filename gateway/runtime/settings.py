@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.core.names import NAME, NAME_RULE
 from gateway.runtime.redis_settings import RedisSettings
 
 __all__ = [
@@ -49,7 +50,6 @@ __all__ = [
     "read_secret",
 ]
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # use with fullmatch: "$" takes a "\n"
 # [[auth.keys]] name: letters, digits and . _ - @ (an e-mail address fits), at most 64
 KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _HOST_ENTRY = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
@@ -328,8 +328,8 @@ class AuthKey(_Section):
     @field_validator("tenant")
     @classmethod
     def _tenant_name(cls, v: str) -> str:
-        if not NAME_RE.fullmatch(v):
-            raise ValueError("tenant must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+        if not NAME.fullmatch(v):
+            raise ValueError(f"tenant {NAME_RULE}")
         return v
 
 
@@ -553,8 +553,8 @@ class Settings(BaseSettings):
     @classmethod
     def _adapter_names(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name, section in v.items():
-            if not NAME_RE.fullmatch(name):
-                raise ValueError(f"adapter name {name!r} must match {NAME_RE.pattern}")
+            if not NAME.fullmatch(name):
+                raise ValueError(f"adapter name {name!r} {NAME_RULE}")
             if "type" not in section:
                 raise ValueError(f"[adapters.{name}] needs a 'type' key")
         return v

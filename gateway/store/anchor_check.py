@@ -180,7 +180,7 @@ async def verify(
         return "entry altered (its HMAC does not match)"
 
     seen: set[str] = set()
-    # tenant names have no glob characters (NAME_RE)
+    # tenant names have no glob characters (gateway.core.names.NAME)
     match = "fg:{*}:audit" if tenant is None else "fg:{" + tenant + "/*}:audit"
     async for stream in client.scan_iter(match=match, count=1000):
         if stream in seen:  # SCAN may return a key twice

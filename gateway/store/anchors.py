@@ -47,6 +47,7 @@ import structlog
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.runtime.logging import log_info_lines
+from gateway.runtime.periodic import every
 from gateway.runtime.settings import ConfigError, Settings
 from gateway.store.keys import JobKeys
 from gateway.store.scripts import PlainScript
@@ -249,16 +250,10 @@ class Anchorer:
             log.error("audit_anchor_write_failed", path=str(self.path), detail=str(exc))
         return len(records)
 
-    async def _loop(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.anchor_once()
-            except Exception:  # never let anchoring stop for good
-                log.exception("audit_anchor_failed")
-
     def start(self, interval: float) -> None:
-        self._task = asyncio.create_task(self._loop(interval))
+        """Anchor every ``interval`` seconds (the shared loop: a failed pass is logged,
+        ``periodic_tick_failed`` with ``ticker=anchor``, and the next one runs)."""
+        self._task = asyncio.create_task(every(lambda: interval, self.anchor_once, name="anchor"))
 
     async def stop(self) -> None:
         """Stop the ticker and anchor what is left (at shutdown)."""

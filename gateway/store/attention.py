@@ -1,10 +1,11 @@
-"""What needs a human decision, per tenant, without a SCAN: the "needs a decision" index.
+"""What needs a human decision, per tenant, without a SCAN: the attention index (the
+console's and the API's "needs a decision"; its Redis keys are ``fg:nd:*``).
 
 A step needs a decision when its outcome is ``unknown``, or when it is still ``dispatching``
 past its deadline (the holder died or stalled; it turns ``unknown`` only when next touched,
 and ``resolve`` accepts it already).
 
-* **The truth is per slot** (``fg:nd:{<s>}``, :func:`gateway.store.keys.needs_index`): a
+* **The truth is per slot** (``fg:nd:{<s>}``, :func:`gateway.store.keys.attention_index`): a
   sorted set of ``[tenant, job, step]`` written by every script that changes a step's state,
   atomically with the change (``index()`` in the Lua prelude): an unknown step scored by when
   it became unknown, a dispatching one by its deadline. A script touches only its job's slot
@@ -13,14 +14,14 @@ and ``resolve`` accepts it already).
   written by the store right after a verdict that made a step ``unknown`` (best effort, like
   the relay's hints). A dispatch passing its deadline is no verdict: nothing runs then, so
   the reconciler hints it.
-* **The reconciler** (:meth:`NeedsIndex.reconcile`, every
+* **The reconciler** (:meth:`AttentionIndex.reconcile`, every
   ``fencing.attention_reconcile_seconds`` in one gateway of the deployment: the first to
-  take the interval's turn, :meth:`NeedsIndex.take_turn`) reads every slot's due entries,
+  take the interval's turn, :meth:`AttentionIndex.take_turn`) reads every slot's due entries,
   1,024 slots per batch on the auto-pipeline, hints them per tenant, repairs an entry whose
   step record disagrees (``reindex-2``: the record expired with its retention, or a slot lost
   writes), and drops hints no slot holds any more. A crash between a verdict and its hint is
   repaired there.
-* **Reading** (:meth:`NeedsIndex.listing`) takes the tenant's due hints in score order, reads
+* **Reading** (:meth:`AttentionIndex.listing`) takes the tenant's due hints in score order, reads
   the fields it shows of each step's record (``HMGET`` of :data:`FIELDS`: never a stored
   payload or result) and shows only what the record confirms: a hint is never believed on
   its own, so a stale hint costs a read, never a wrong row; stale ones are dropped after the
@@ -47,13 +48,13 @@ from gateway.core.records import EffectRecord
 from gateway.store.batching import Batcher
 from gateway.store.failures import redis_errors
 from gateway.store.keys import (
-    NEEDS_TENANTS,
-    NEEDS_TURN,
+    ATTENTION_TENANTS,
+    ATTENTION_TURN,
     SLOTS,
     JobKeys,
+    attention_hint,
+    attention_index,
     key_slot,
-    needs_hint,
-    needs_index,
 )
 from gateway.store.router import ClusterRouter
 
@@ -61,14 +62,14 @@ T = TypeVar("T")
 
 __all__ = [
     "FIELDS",
-    "NeedsIndex",
+    "AttentionIndex",
     "as_hash",
+    "attention_due",
     "decode_cursor",
     "effect_key",
     "encode_cursor",
     "fields_of",
     "member_parts",
-    "needs_decision",
 ]
 
 log = structlog.get_logger("fencegate.attention")
@@ -127,7 +128,7 @@ def _pairs(rows: Any) -> list[tuple[str, float]]:
     return [(m, float(s)) for m, s in zip(rows[::2], rows[1::2], strict=True)]
 
 
-def needs_decision(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
+def attention_due(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
     """(state, since_ms) when the record says the step needs a decision now."""
     state = h.get("state")
     if state == "unknown":
@@ -163,7 +164,7 @@ class ScriptRunner(Protocol):
     ) -> list[Any]: ...
 
 
-class NeedsIndex:
+class AttentionIndex:
     """The store's side of the index: hints, listing, the reconciler, the overview."""
 
     def __init__(self, link: ScriptRunner) -> None:
@@ -204,8 +205,8 @@ class NeedsIndex:
         try:
             await self.pipelined(
                 [
-                    ("ZADD", needs_hint(keys.tenant), score, keys.member(step)),
-                    ("SADD", NEEDS_TENANTS, keys.tenant),
+                    ("ZADD", attention_hint(keys.tenant), score, keys.member(step)),
+                    ("SADD", ATTENTION_TENANTS, keys.tenant),
                 ]
             )
         except StoreUnavailable:
@@ -213,7 +214,7 @@ class NeedsIndex:
 
     async def unhint(self, keys: JobKeys, step: str) -> None:
         try:
-            await self.execute("ZREM", needs_hint(keys.tenant), keys.member(step))
+            await self.execute("ZREM", attention_hint(keys.tenant), keys.member(step))
         except StoreUnavailable:
             log.warning("attention_unhint_failed", job_id=keys.job_id, step=step)
 
@@ -227,7 +228,7 @@ class NeedsIndex:
         one as ``after`` for the next page. ValueError for a malformed ``after``."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         score, last = decode_cursor(after) if after else (None, "")
-        key = needs_hint(tenant)
+        key = attention_hint(tenant)
         items: list[dict[str, Any]] = []
         stale: list[tuple[JobKeys, str]] = []
         ties = score is not None  # first the rest of the cursor's own score, then past it
@@ -249,7 +250,7 @@ class NeedsIndex:
                 if parts is None or parts[0] != tenant:
                     continue  # never another tenant's step, whatever the hint holds
                 keys, h = JobKeys(parts[0], parts[1]), fields_of(reply)
-                found = needs_decision(h, now) if h else None
+                found = attention_due(h, now) if h else None
                 if found is not None:
                     items.append(_item(keys, parts[2], h, found, now, encode_cursor(s, member)))
                 elif h.get("state") != "dispatching":  # a live dispatch may still overrun
@@ -269,10 +270,10 @@ class NeedsIndex:
     async def _drop_stale(self, tenant: str, stale: list[tuple[JobKeys, str]]) -> None:
         """Drop hints whose step no longer needs a decision, once the slot's truth agrees."""
         try:
-            scores = await self.pipelined([("ZSCORE", k.needs, k.member(s)) for k, s in stale])
+            scores = await self.pipelined([("ZSCORE", k.attention, k.member(s)) for k, s in stale])
             gone = [k.member(s) for (k, s), sc in zip(stale, scores, strict=True) if sc is None]
             if gone:
-                await self.execute("ZREM", needs_hint(tenant), *gone)
+                await self.execute("ZREM", attention_hint(tenant), *gone)
         except StoreUnavailable:
             pass  # the reconciler drops them
 
@@ -282,7 +283,7 @@ class NeedsIndex:
         """Whether this gateway reconciles this interval: the first of all gateways to ask
         (``SET NX PX``) does; a pass is 16,384 reads, once per interval for the deployment."""
         token = f"{os.getpid()}-{time.monotonic_ns()}"
-        taken = await self.execute("SET", NEEDS_TURN, token, "NX", "PX", max(1, every_ms - 100))
+        taken = await self.execute("SET", ATTENTION_TURN, token, "NX", "PX", max(1, every_ms - 100))
         return bool(taken)
 
     async def reconcile(self, now_ms: int | None = None) -> dict[str, int]:
@@ -308,7 +309,7 @@ class NeedsIndex:
         for tenant, members in per.items():
             flat = [x for member, score in members.items() for x in (score, member)]
             await self.pipelined(
-                [("ZADD", needs_hint(tenant), *flat), ("SADD", NEEDS_TENANTS, tenant)]
+                [("ZADD", attention_hint(tenant), *flat), ("SADD", ATTENTION_TENANTS, tenant)]
             )
             stats["hinted"] += len(members)
         stats["dropped"] = await self._drop_unknown_to_slots(per, now)
@@ -325,7 +326,10 @@ class NeedsIndex:
             for start in range(0, len(pending), 1024):
                 chunk = pending[start : start + 1024]
                 replies = await asyncio.gather(
-                    *(batcher.execute(*_due_query(needs_index(s), now, off)) for s, off in chunk),
+                    *(
+                        batcher.execute(*_due_query(attention_index(s), now, off))
+                        for s, off in chunk
+                    ),
                     return_exceptions=True,
                 )
                 for (s, offset), rows in zip(chunk, replies, strict=True):
@@ -344,7 +348,7 @@ class NeedsIndex:
     async def _reindex(self, parts: tuple[str, str, str], member: str) -> str:
         tenant, job_id, step = parts
         keys = JobKeys(tenant, job_id)
-        index = (keys.effect(step), keys.needs)
+        index = (keys.effect(step), keys.attention)
         reply = await self._link.run_script("reindex-2", keys, index, (member,))
         log.warning("attention_index_repaired", job_id=job_id, step=step, state=reply[1])
         return str(reply[1])
@@ -352,11 +356,11 @@ class NeedsIndex:
     async def _drop_unknown_to_slots(self, per: dict[str, dict[str, int]], now: int) -> int:
         """Drop every hint the slots do not hold as due. The truth is read again for each
         candidate first: an entry indexed and hinted since the sweep read its slot stays."""
-        tenants: list[str] = sorted(await self.execute("SMEMBERS", NEEDS_TENANTS))
+        tenants: list[str] = sorted(await self.execute("SMEMBERS", ATTENTION_TENANTS))
         dropped = 0
         for tenant in tenants:
             rows: list[str] = await self.execute(
-                "ZRANGEBYSCORE", needs_hint(tenant), "-inf", "+inf"
+                "ZRANGEBYSCORE", attention_hint(tenant), "-inf", "+inf"
             )
             extra = [m for m in rows if m not in per.get(tenant, {})]
             if not extra:
@@ -364,7 +368,7 @@ class NeedsIndex:
             scores = await self.pipelined([("ZSCORE", _slot_index(m), m) for m in extra])
             gone = [m for m, sc in zip(extra, scores, strict=True) if sc is None or float(sc) > now]
             if gone:
-                await self.execute("ZREM", needs_hint(tenant), *gone)
+                await self.execute("ZREM", attention_hint(tenant), *gone)
                 dropped += len(gone)
         return dropped
 
@@ -394,7 +398,7 @@ def effect_key(member: str) -> str:
 
 def _slot_index(member: str) -> str:
     tenant, job_id, _ = member_parts(member) or ("", "", "")
-    return needs_index(key_slot(tenant + "/" + job_id))
+    return attention_index(key_slot(tenant + "/" + job_id))
 
 
 def _item(

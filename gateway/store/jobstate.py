@@ -24,7 +24,7 @@ from typing import Any
 
 from gateway.core import fastjson
 from gateway.core.errors import OutputNotStaged
-from gateway.core.records import OutputRecord, OverQuota
+from gateway.core.records import CompletionRecord, OutputRecord, OverQuota
 from gateway.store import replies
 from gateway.store.keys import JobKeys
 from gateway.store.link import RedisLink
@@ -35,7 +35,6 @@ __all__ = [
     "CHECKPOINT_ENVELOPE",
     "Checkpoint",
     "CheckpointWritten",
-    "CompletionRecord",
     "JobState",
     "JobStateView",
     "canonical_json",
@@ -74,24 +73,6 @@ class CheckpointWritten:
     at_ms: int
     replaced: int
     charge: int
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionRecord:
-    """The job's fenced completion as stored (the ``completed`` field of its job hash): which
-    generation, when (ms, Redis's clock), its result and the outputs it promoted. The SDK's
-    :class:`gateway.client.jobdata.Completion` is the API's answer built from it."""
-
-    generation: int
-    at_ms: int
-    result: Any
-    outputs: dict[str, dict[str, Any]]
-    replayed: bool = False
-
-    @classmethod
-    def from_json(cls, raw: str, *, replayed: bool = False) -> CompletionRecord:
-        d = fastjson.loads(raw)
-        return cls(int(d["generation"]), int(d["at_ms"]), d["result"], d["outputs"], replayed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 All keys of one job share the hash tag ``{<tenant>/<job_id>}``, so every script
 touches exactly one slot and runs unchanged on Redis Cluster. Neither tenant nor
-job id can contain ``{``, ``}`` or ``:`` (see :data:`gateway.runtime.settings.NAME_RE`),
+job id can contain ``{``, ``}`` or ``:`` (see :data:`gateway.core.names.NAME`),
 so the tag is unambiguous.
 
 ======================  =====================================================
@@ -30,17 +30,21 @@ so the tag is unambiguous.
                         admit, read by the relay (fair across tenants). A hint lost
                         in a crash is found again by the sweep of every slot queue.
 ``fg:relay:tenants``    set of the tenants that have hints.
-``fg:nd:{<s>}``         the "needs a decision" index of one slot: sorted set of
-                        ``[tenant, job, step]``; a step whose outcome is unknown
+``fg:nd:{<s>}``         the attention index of one slot (``nd``: "needs a decision";
+                        the code's name is attention, :mod:`gateway.store.attention`,
+                        the ``fg:nd:`` prefix stays: it names stored data): sorted set
+                        of ``[tenant, job, step]``; a step whose outcome is unknown
                         (score: when it became unknown) or that is dispatching
                         (score: its deadline). Written by every script that changes
                         a step's state, atomically with it. The truth.
-``fg:nd:t:<t>``         per tenant: a hint of the entries of every slot that need a
-                        decision now (unknown, or dispatching past the deadline);
-                        written after the verdict, rebuilt by the reconciler from the
-                        slots' indexes. Read by ``GET /v1/attention`` and the console.
-``fg:nd:tenants``       set of the tenants that have such hints.
-``fg:nd:turn``          the gateway that reconciles the hints this interval (SET NX PX).
+``fg:nd:t:<t>``         per tenant: the attention hint, the entries of every slot that
+                        need a decision now (unknown, or dispatching past the
+                        deadline); written after the verdict, rebuilt by the
+                        reconciler from the slots' indexes. Read by
+                        ``GET /v1/attention`` and the console.
+``fg:nd:tenants``       set of the tenants that have attention hints.
+``fg:nd:turn``          the gateway that reconciles the attention hints this interval
+                        (SET NX PX).
 ``fg:chain:t:<t>``      per tenant: the summary of the last audit chain check (JSON).
 ``fg:con:rv:<sid>``     a console session logged out (gateway.store.consolestate); TTL =
                         what was left of its cookie's life.
@@ -73,21 +77,21 @@ from binascii import crc_hqx
 from dataclasses import dataclass
 
 __all__ = [
+    "ATTENTION_TENANTS",
+    "ATTENTION_TURN",
     "EPOCH",
     "MARKER",
-    "NEEDS_TENANTS",
-    "NEEDS_TURN",
     "QUARANTINE",
     "RELAY_TENANTS",
     "SLOTS",
     "JobKeys",
+    "attention_hint",
+    "attention_index",
     "audit_feed",
     "chain_check",
     "console_failures",
     "console_revoked",
     "key_slot",
-    "needs_hint",
-    "needs_index",
     "quota_prefix",
     "relay_hint",
     "relay_queue",
@@ -100,8 +104,9 @@ MARKER = "fg:marker"
 QUARANTINE = "fg:quarantine"
 EPOCH = "fg:epoch"  # bumped by every gateway; also recorded in its state file
 RELAY_TENANTS = "fg:relay:tenants"  # set: tenants with relay hints
-NEEDS_TENANTS = "fg:nd:tenants"  # set: tenants with "needs a decision" hints
-NEEDS_TURN = "fg:nd:turn"  # which gateway reconciles the hints this interval (SET NX PX)
+# the attention index ("needs a decision"): its keys are fg:nd:*, a prefix kept (stored data)
+ATTENTION_TENANTS = "fg:nd:tenants"  # set: tenants with attention hints
+ATTENTION_TURN = "fg:nd:turn"  # which gateway reconciles the hints this interval (SET NX PX)
 PREFIX = "fg:"
 SLOTS = 16384
 
@@ -144,12 +149,14 @@ def relay_hint(tenant: str) -> str:
     return "fg:relay:t:" + tenant
 
 
-def needs_index(slot: int) -> str:
-    """The "needs a decision" index of one slot (written by the scripts of its jobs)."""
+def attention_index(slot: int) -> str:
+    """The attention index ("needs a decision") of one slot, ``fg:nd:{<s>}`` (written by the
+    scripts of its jobs)."""
     return "fg:nd:{" + slot_tags()[slot] + "}"
 
 
-def needs_hint(tenant: str) -> str:
+def attention_hint(tenant: str) -> str:
+    """The tenant's attention hint, ``fg:nd:t:<t>`` (written by the store after a verdict)."""
     return "fg:nd:t:" + tenant
 
 
@@ -192,9 +199,9 @@ class JobKeys:
         return relay_queue(self.slot)
 
     @property
-    def needs(self) -> str:
-        """The "needs a decision" index in this job's slot."""
-        return needs_index(self.slot)
+    def attention(self) -> str:
+        """The attention index ("needs a decision", ``fg:nd:{<s>}``) in this job's slot."""
+        return attention_index(self.slot)
 
     def member(self, step: str) -> str:
         """This step's member in the relay queue and the tenant's hint."""

@@ -7,20 +7,20 @@ import json
 from collections import Counter
 from typing import Any
 
-from gateway.store.attention import NeedsIndex, as_hash, effect_key, member_parts, needs_decision
-from gateway.store.keys import audit_feed, chain_check, needs_hint
+from gateway.store.attention import AttentionIndex, as_hash, attention_due, effect_key, member_parts
+from gateway.store.keys import attention_hint, audit_feed, chain_check
 
 __all__ = ["overview", "record_chain_check"]
 
 _FEED_PAGE = 1000
 _FEED_CAP = 50_000  # feed entries counted per overview (the rest: "capped")
 _OPEN_CAP = 10_000  # hints verified per overview
-_NEEDS_FIELDS = ("state", "updated_at", "deadline")  # what decides "needs a decision now"
+_DUE_FIELDS = ("state", "updated_at", "deadline")  # what decides "needs a decision now"
 _PROBLEMS_KEPT = 200
 HOUR_MS = 3_600_000
 
 
-async def overview(needs: NeedsIndex, tenant: str, *, now_ms: int) -> dict[str, Any]:
+async def overview(attention: AttentionIndex, tenant: str, *, now_ms: int) -> dict[str, Any]:
     """Counts from Redis (every gateway's, not one process's): the last hour's audited
     rejections by reason (from the tenant feed: best effort), open unknowns and overdue
     dispatches (each confirmed by its record), the last chain check."""
@@ -28,7 +28,9 @@ async def overview(needs: NeedsIndex, tenant: str, *, now_ms: int) -> dict[str, 
     resolutions = 0
     start, read, capped = f"{now_ms - HOUR_MS}-0", 0, False
     while True:
-        rows = await needs.execute("XRANGE", audit_feed(tenant), start, "+", "COUNT", _FEED_PAGE)
+        rows = await attention.execute(
+            "XRANGE", audit_feed(tenant), start, "+", "COUNT", _FEED_PAGE
+        )
         for _, fields in rows:
             reason = as_hash(fields).get("reason", "")
             if reason.startswith("operator_resolved_"):
@@ -42,17 +44,15 @@ async def overview(needs: NeedsIndex, tenant: str, *, now_ms: int) -> dict[str, 
             capped = True
             break
         start = "(" + rows[-1][0]
-    hints: list[str] = await needs.execute(
-        "ZRANGEBYSCORE", needs_hint(tenant), "-inf", now_ms, "LIMIT", 0, _OPEN_CAP + 1
+    hints: list[str] = await attention.execute(
+        "ZRANGEBYSCORE", attention_hint(tenant), "-inf", now_ms, "LIMIT", 0, _OPEN_CAP + 1
     )
     mine = [m for m in hints[:_OPEN_CAP] if (member_parts(m) or ("",))[0] == tenant]
-    # the fields needs_decision decides on: never a stored payload or result
-    replies = await needs.pipelined([("HMGET", effect_key(m), *_NEEDS_FIELDS) for m in mine])
-    hashes = [
-        {k: v for k, v in zip(_NEEDS_FIELDS, r, strict=True) if v is not None} for r in replies
-    ]
-    states = Counter(f[0] for h in hashes if h and (f := needs_decision(h, now_ms)))
-    raw = await needs.execute("GET", chain_check(tenant))
+    # the fields attention_due decides on: never a stored payload or result
+    replies = await attention.pipelined([("HMGET", effect_key(m), *_DUE_FIELDS) for m in mine])
+    hashes = [{k: v for k, v in zip(_DUE_FIELDS, r, strict=True) if v is not None} for r in replies]
+    states = Counter(f[0] for h in hashes if h and (f := attention_due(h, now_ms)))
+    raw = await attention.execute("GET", chain_check(tenant))
     return {
         "at_ms": now_ms,
         "rejections_last_hour": dict(sorted(by_reason.items())),
@@ -66,7 +66,9 @@ async def overview(needs: NeedsIndex, tenant: str, *, now_ms: int) -> dict[str, 
     }
 
 
-async def record_chain_check(needs: NeedsIndex, tenant: str, summary: dict[str, Any]) -> None:
+async def record_chain_check(
+    attention: AttentionIndex, tenant: str, summary: dict[str, Any]
+) -> None:
     """Keep the summary of a tenant's chain check (``at_ms``, ``jobs``, ``entries``,
     ``problems``: a count or a list, of which the first 200 are kept) for every gateway."""
     kept = dict(summary)
@@ -75,4 +77,4 @@ async def record_chain_check(needs: NeedsIndex, tenant: str, summary: dict[str, 
         kept["problems"] = list(problems[:_PROBLEMS_KEPT])
         kept["problems_total"] = len(problems)
     body = json.dumps(kept, separators=(",", ":"), default=str)
-    await needs.execute("SET", chain_check(tenant), body, "PX", needs.retention_ms)
+    await attention.execute("SET", chain_check(tenant), body, "PX", attention.retention_ms)

@@ -12,7 +12,7 @@ from gateway.core.records import (
     JobView,
 )
 from gateway.store import durability, overview
-from gateway.store.attention import NeedsIndex
+from gateway.store.attention import AttentionIndex
 from gateway.store.keys import (
     JobKeys,
     audit_feed,
@@ -30,10 +30,10 @@ class StoreReads:
     """Views of the store's records, on its link: nothing here writes but the console's
     chain-check summary."""
 
-    def __init__(self, link: RedisLink, needs: NeedsIndex) -> None:
+    def __init__(self, link: RedisLink, attention: AttentionIndex) -> None:
         self._link = link
         self._client = link.client
-        self._needs = needs
+        self._attention = attention
 
     async def effect(self, keys: JobKeys, step: str) -> EffectRecord | None:
         # decode_responses=True: every value is a str
@@ -126,14 +126,14 @@ class StoreReads:
     ) -> list[dict[str, Any]]:
         """The tenant's unknown steps and dispatches past their deadline, oldest first; each
         item's ``cursor`` pages on (``after``). ValueError for a malformed ``after``."""
-        return await self._needs.listing(tenant, limit=limit, after=after)
+        return await self._attention.listing(tenant, limit=limit, after=after)
 
     async def overview(self, tenant: str, *, now_ms: int) -> dict[str, Any]:
         """Counts for the console's overview (see :func:`gateway.store.overview.overview`)."""
-        return await overview.overview(self._needs, tenant, now_ms=now_ms)
+        return await overview.overview(self._attention, tenant, now_ms=now_ms)
 
     async def record_chain_check(self, tenant: str, summary: dict[str, Any]) -> None:
-        await overview.record_chain_check(self._needs, tenant, summary)
+        await overview.record_chain_check(self._attention, tenant, summary)
 
     async def reconcile_attention(self, now_ms: int | None = None) -> dict[str, int]:
-        return await self._needs.reconcile(now_ms)
+        return await self._attention.reconcile(now_ms)

@@ -12,7 +12,7 @@ import structlog
 from gateway.core.errors import StoreUnavailable
 from gateway.core.records import RelayClaim
 from gateway.store import scripts
-from gateway.store.attention import NeedsIndex
+from gateway.store.attention import AttentionIndex
 from gateway.store.failures import redis_errors
 from gateway.store.keys import (
     RELAY_TENANTS,
@@ -37,14 +37,14 @@ class RelayQueue:
     def __init__(
         self,
         link: RedisLink,
-        needs: NeedsIndex,
+        attention: AttentionIndex,
         *,
         dispatch_timeout_ms: int,
         retention_seconds: int,
     ) -> None:
         self._link = link
         self._client = link.client
-        self._needs = needs
+        self._attention = attention
         self._dispatch_timeout_ms = str(dispatch_timeout_ms)
         self._retention = str(retention_seconds)
 
@@ -140,7 +140,7 @@ class RelayQueue:
         reply = await self._link.run_bounded(
             "relay-5",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
+            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.attention),
             (
                 dispatch_id,
                 self._dispatch_timeout_ms,
@@ -164,5 +164,5 @@ class RelayQueue:
         if reply[2]:
             await self._link.copy_to_feed(keys, str(reply[2]))
         if reply[1] == "unknown":
-            await self._needs.hint(keys, step)
+            await self._attention.hint(keys, step)
         return str(reply[1])

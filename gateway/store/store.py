@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+import structlog
 
 from gateway.core.errors import (
     BadToken,
@@ -64,7 +65,7 @@ from gateway.core.records import (
 from gateway.core.tokens import MAX_GENERATION
 from gateway.store import scripts
 from gateway.store.anchors import Anchorer, note_audit
-from gateway.store.attention import NeedsIndex
+from gateway.store.attention import AttentionIndex
 from gateway.store.batching import Batcher
 from gateway.store.console_reads import ConsoleReads
 from gateway.store.consolestate import ConsoleState
@@ -137,6 +138,8 @@ _REGISTERED_LAST: dict[int, int] = {
     AdmitReply.OVER_QUOTA: 3,
 }
 
+log = structlog.get_logger("fencegate.store")
+
 
 class Decisions:
     """Fences, effects and audit entries in Redis: every decision is one Lua script, run on
@@ -145,7 +148,7 @@ class Decisions:
     def __init__(
         self,
         link: RedisLink,
-        needs: NeedsIndex,
+        attention: AttentionIndex,
         reads: StoreReads,
         *,
         registration: str,
@@ -153,7 +156,7 @@ class Decisions:
         retention_seconds: int,
     ) -> None:
         self._link = link
-        self._needs = needs
+        self._attention = attention
         self._reads = reads  # resolve answers the record as it reads afterwards
         self._registration = registration
         self._dispatch_timeout_ms = str(dispatch_timeout_ms)
@@ -323,7 +326,7 @@ class Decisions:
         reply = await self._link.run_script(
             "resolve-5",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.needs),
+            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.attention),
             (
                 "delivered" if delivered else "not_delivered",
                 "" if result is None else json.dumps(result, separators=(",", ":")),
@@ -351,7 +354,7 @@ class Decisions:
             worker_id=operator,
             by=by or operator,
         )
-        await self._needs.unhint(keys, step)
+        await self._attention.unhint(keys, step)
         record = await self._reads.effect(keys, step)
         assert record is not None
         return record
@@ -399,7 +402,7 @@ class Decisions:
         reply = await self._link.run_bounded(
             "admit-6",
             keys,
-            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.needs),
+            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.attention),
             (
                 *fenced_args(
                     keys,
@@ -439,7 +442,7 @@ class Decisions:
             return InProgress(int(reply[1]))
         if code == AdmitReply.UNKNOWN:
             unknown = EffectRecord.from_flat(reply[1:])
-            await self._needs.hint(keys, step, unknown.updated_at_ms)
+            await self._attention.hint(keys, step, unknown.updated_at_ms)
             return Unresolved(unknown)
         if code == AdmitReply.QUEUED:
             if reply[1]:  # a supersession
@@ -465,11 +468,11 @@ class Decisions:
         reply = await self._link.run_script(
             "void-4",
             keys,
-            (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.needs),
+            (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.attention),
             (dispatch_id, self._retention, keys.member(step), str(run_before_ms or "")),
         )
         if reply[1] == "unknown":
-            await self._needs.hint(keys, step)
+            await self._attention.hint(keys, step)
         return str(reply[1])
 
     async def record(
@@ -490,7 +493,7 @@ class Decisions:
         reply = await self._link.run_script(
             "record-3",
             keys,
-            (keys.effect(step), keys.relayq, keys.needs),
+            (keys.effect(step), keys.relayq, keys.attention),
             (
                 dispatch_id,
                 state,
@@ -505,7 +508,7 @@ class Decisions:
         if int(reply[0]) != RecordReply.RECORDED:
             return False, None
         if state == "unknown":
-            await self._needs.hint(keys, step)
+            await self._attention.hint(keys, step)
         return True, (int(reply[1]) if reply[1] else None)
 
     # -- outputs (gateway.fencing.outputs) -----------------------------------
@@ -589,12 +592,12 @@ class Store:
     settings, the quota counters and the console's shared state.
 
     The parts are public (``store.decisions``, ``store.relay_queue``, ``store.reads``,
-    ``store.needs``, ``store.output_records``, ``store.console_reads``, ``store.link``); the
-    methods callers use are bound here once, from the part that owns them, so a call through
-    the store is the part's own call (no frame more on the hot path). The link's state (the
-    slot marks, the budget, the problems the periodic checks found) is read and set on
-    ``store.link``. Nothing above the store is handed the client or the link's generic calls
-    (``run_script``, ``guard``): the store's own modules are given the link."""
+    ``store.attention_index``, ``store.output_records``, ``store.console_reads``,
+    ``store.link``); the methods callers use are bound here once, from the part that owns
+    them, so a call through the store is the part's own call (no frame more on the hot path).
+    The link's state (the slot marks, the budget, the problems the periodic checks found) is
+    read and set on ``store.link``. Nothing above the store is handed the client or the link's
+    generic calls (``run_script``, ``guard``): the store's own modules are given the link."""
 
     def __init__(
         self,
@@ -616,17 +619,17 @@ class Store:
             audit_key=audit_key,
             ack=ack,
         )
-        needs = self.needs = NeedsIndex(link)
-        reads = self.reads = StoreReads(link, needs)
+        attention = self.attention_index = AttentionIndex(link)
+        reads = self.reads = StoreReads(link, attention)
         relay_queue = self.relay_queue = RelayQueue(
             link,
-            needs,
+            attention,
             dispatch_timeout_ms=dispatch_timeout_ms,
             retention_seconds=retention_seconds,
         )
         decisions = self.decisions = Decisions(
             link,
-            needs,
+            attention,
             reads,
             registration=registration,
             dispatch_timeout_ms=dispatch_timeout_ms,
@@ -691,6 +694,17 @@ class Store:
             retention_seconds=retention_seconds,
             window_ttl_seconds=window_ttl_seconds,
         )
+
+    async def close(self) -> None:
+        """The end of the store's lifetime, after the drain: the batches in flight and their
+        connections, then the marks of the last writes (after the last reply; a state file
+        that cannot be written is logged), then the client the store was given."""
+        await self.link.aclose()
+        try:
+            await self.link.persist_marks()
+        except OSError as exc:
+            log.error("state_file_write_failed", error=str(exc))
+        await self.link.client.aclose()
 
     def anchorer(self, path: Path, keys: Sequence[str]) -> Anchorer:
         """The audit chains' anchorer (:mod:`gateway.store.anchors`) on this store's link: it

@@ -84,7 +84,7 @@ def fenced(job: JobKeys, gen: int, mode: str) -> tuple[str, ...]:
 def admit(job: JobKeys, gen: int, mode: str, run_before: str = "") -> Call:
     step = "s"
     return (
-        (job.job, job.effect(step), job.audit, job.steps, job.relayq, job.needs),
+        (job.job, job.effect(step), job.audit, job.steps, job.relayq, job.attention),
         (
             *fenced(job, gen, mode),
             step,

@@ -17,7 +17,7 @@ def now_ms() -> int:
 
 
 def void(lua: Scripts, request_id: str, run_before: str) -> list[object]:
-    keys = (JOB.effect("s"), JOB.relayq, JOB.req(request_id), JOB.needs)
+    keys = (JOB.effect("s"), JOB.relayq, JOB.req(request_id), JOB.attention)
     return lua.run("void-4", JOB, (keys, (request_id, RETENTION, JOB.member("s"), run_before)))
 
 
@@ -76,7 +76,7 @@ def test_a_relay_claim_past_its_bound_does_nothing(lua: Scripts) -> None:
     keys, args = admit(JOB, 1, "required")
     args = (*args[:15], '{"to":"a"}', *args[16:])  # async: queued for the relay
     assert lua.run("admit-6", JOB, (keys, args))[0] == 4
-    claim_keys = (JOB.effect("s"), JOB.job, JOB.audit, JOB.relayq, JOB.needs)
+    claim_keys = (JOB.effect("s"), JOB.job, JOB.audit, JOB.relayq, JOB.attention)
     claim = ["c1", "30000", RETENTION, JOB.member("s"), JOB.job_id, "s", JOB.tenant]
     late = lua.run("relay-5", JOB, (claim_keys, (*claim, str(now_ms() - 1))), request_id="c1")
     assert late[0] == 11

@@ -68,7 +68,7 @@ from gateway.core.errors import (
 from gateway.core.intents import intent_digest
 from gateway.core.records import Admitted, InProgress, Queued, RelayClaim, Replay, Unresolved
 from gateway.store.jobstate import JobState
-from gateway.store.keys import MARKER, QUARANTINE, JobKeys, needs_hint, relay_hint
+from gateway.store.keys import MARKER, QUARANTINE, JobKeys, attention_hint, relay_hint
 from gateway.store.marks import MARKS_FILE, SlotMarks
 from gateway.store.replies import OutputRecordReply, OutputStageReply
 from gateway.store.store import Store
@@ -657,8 +657,8 @@ class Driver:
             "queue": _zset(content(KEYS.relayq, [])),  # the truth: per-slot relay queue
             "hints": _zset(content(relay_hint(TENANT), [])),
             # the "needs a decision" index of the slot (the truth) and the tenant's hint
-            "needs": _zset(content(KEYS.needs, [])),
-            "needs_hints": _zset(content(needs_hint(TENANT), [])),
+            "attention": _zset(content(KEYS.attention, [])),
+            "attention_hints": _zset(content(attention_hint(TENANT), [])),
             "fx": {s: _pairs(content(KEYS.effect(s), [])) for s in self.steps},
             "ckpt": _pairs(content(KEYS.ckpt, [])),
             "outputs": _pairs(content(KEYS.outputs, [])),
@@ -738,8 +738,8 @@ class Driver:
             d = self.r.hget(KEYS.effect(s), "deadline")
             if d is not None and deadline_class(d) == "live":
                 self.r.hset(KEYS.effect(s), "deadline", "1")
-                if self.r.zscore(KEYS.needs, KEYS.member(s)) is not None:  # scored by it
-                    self.r.zadd(KEYS.needs, {KEYS.member(s): 1})
+                if self.r.zscore(KEYS.attention, KEYS.member(s)) is not None:  # scored by it
+                    self.r.zadd(KEYS.attention, {KEYS.member(s): 1})
         for z in (KEYS.relayq, relay_hint(TENANT)):
             for m, sc in self.r.zrange(z, 0, -1, withscores=True):
                 if sc > t:

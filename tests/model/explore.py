@@ -4,8 +4,8 @@
     python -m tests.model.explore --bound large        # the larger one (make chaos)
     python -m tests.model.explore --bound holes        # the scenarios of holes 1-3
     python -m tests.model.explore --scenario takeover  # one scenario of any bound
-    python -m tests.model.explore --bound restore --marks own   # the restore scenarios on
-                                                    # per-process marks (restore hole 2)
+    python -m tests.model.explore --bound restore --marks own   # the restore scenarios with
+                                                    # marks in memory only (no quarantine)
 
 A state is (Redis, canonical: clock readings dropped, dispatch ids named by the
 actor that holds them; every actor's program counter and memory; the
@@ -876,7 +876,7 @@ RESTORE_SYNC = Scenario(
     on_p2=("A",),
     restores=1,
     backup="any",
-    hole="2 of the restore: a restored backup is not refused by a second gateway process",
+    hole="a restored backup must be refused by every gateway process, not only the first",
 )
 RESTORE = (
     replace(RESTORE_SYNC, name="restore-sync-shared", marks="shared"),
@@ -1032,7 +1032,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--marks",
         choices=MARKS,
-        help="the slot marks of every process in every scenario (own: those of 4a7c224)",
+        help="the slot marks of every process in every scenario (own: in memory only)",
     )
     p.add_argument("--witness", choices=("on", "off"), help="the witness tick as an action")
     args = p.parse_args(argv)

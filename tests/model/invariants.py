@@ -4,7 +4,7 @@ Each check is a named function of one transition: it returns ``None``, or a
 message saying what broke and a short signature of the kind of breakage (the
 explorer keeps the shortest trace of every distinct signature: e.g. a relay
 claim of a ``pending`` step and of an operator-resolved ``released`` step
-below the fence are two counterexamples: holes 2 and 3 in tests/model/README.md).
+below the fence are two distinct counterexamples).
 ``ON_STEP`` run after every step, ``AT_QUIESCENCE`` only in states where no
 actor can move any more (time aside).
 """
@@ -192,7 +192,7 @@ def i_index(c: Ctx) -> str | None:
     """The slot's "needs a decision" index holds exactly the steps whose outcome is unknown
     or that are dispatching, a dispatching one scored by its deadline (every
     script that changes a step's state keeps it, atomically, on every path)."""
-    indexed = {_queue_step(m): sc for m, sc in c.raw["needs"]}
+    indexed = {_queue_step(m): sc for m, sc in c.raw["attention"]}
     for step, h in c.raw["fx"].items():
         state = h.get("state")
         if state in ("unknown", "dispatching") and step not in indexed:

@@ -113,8 +113,8 @@ def test_the_exploration_is_reproducible() -> None:
 
 @pytest.mark.timeout(600)
 def test_mutation_record_without_the_index_update() -> None:
-    """Issue 17: a recorded outcome that leaves the step in the "needs a decision" index is
-    found (the index is checked after every step, I-index)."""
+    """A record that changes the step's state must update the attention index in the same
+    script: a recorded outcome left in the index is found (I-index, after every step)."""
     line = "index(KEYS[3], ARGV[6], state, fmt(now))\n"
     wanted = ("I-index", "succeeded, indexed")
     (rep,) = explore(

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from gateway.http import appkeys as K
 from gateway.runtime.settings import ConfigError
 from gateway.store.attention import decode_cursor
-from gateway.store.keys import JobKeys, needs_hint
+from gateway.store.keys import JobKeys, attention_hint
 from gateway.store.store import Store
 from tests.conftest import Gateway, Upstream, key_digest
 
@@ -167,7 +167,7 @@ async def test_two_tenants_never_see_each_others_steps(
     assert (await resolve(keyed_gw, "r", "mail", "alice", "delivered")).status == 404
     # a hint planted in the wrong tenant's key is not believed
     client = store(keyed_gw).link.client
-    await client.zadd(needs_hint("b"), {JobKeys("a", "r").member("notify"): 1})
+    await client.zadd(attention_hint("b"), {JobKeys("a", "r").member("notify"): 1})
     assert [i["step"] for i in (await attention(keyed_gw, "b"))["items"]] == ["mail"]
 
 
@@ -178,9 +178,9 @@ async def test_a_lost_hint_is_repaired_by_the_reconciler(
     await register(keyed_gw, "r", 1)
     await unknown(keyed_gw, upstream, "r", "notify")
     client = store(keyed_gw).link.client
-    await client.delete(needs_hint("a"))  # the hint never got written
+    await client.delete(attention_hint("a"))  # the hint never got written
     assert (await attention(keyed_gw, "alice"))["items"] == []
-    assert await client.zscore(JobKeys("a", "r").needs, JobKeys("a", "r").member("notify"))
+    assert await client.zscore(JobKeys("a", "r").attention, JobKeys("a", "r").member("notify"))
     stats = await store(keyed_gw).reconcile_attention()
     assert stats["hinted"] == 1 and stats["repaired"] == 0
     assert [i["step"] for i in (await attention(keyed_gw, "alice"))["items"]] == ["notify"]
@@ -216,11 +216,11 @@ async def test_one_gateway_of_the_deployment_reconciles_per_interval(
     keyed_gw: Gateway, make_gateway: Any
 ) -> None:
     other = await make_gateway(auth=auth())
-    assert await store(keyed_gw).needs.take_turn(2000) is True
-    assert await store(other).needs.take_turn(2000) is False  # the interval is taken
-    assert await store(keyed_gw).needs.take_turn(2000) is False
+    assert await store(keyed_gw).attention_index.take_turn(2000) is True
+    assert await store(other).attention_index.take_turn(2000) is False  # the interval is taken
+    assert await store(keyed_gw).attention_index.take_turn(2000) is False
     await asyncio.sleep(2.0)
-    assert await store(other).needs.take_turn(2000) is True  # the next interval
+    assert await store(other).attention_index.take_turn(2000) is True  # the next interval
 
 
 async def test_an_expired_record_is_repaired_out_of_the_index(
@@ -234,8 +234,8 @@ async def test_an_expired_record_is_repaired_out_of_the_index(
     assert (await attention(keyed_gw, "alice"))["items"] == []  # the record is the judge
     stats = await store(keyed_gw).reconcile_attention()
     assert stats["repaired"] == 1 and stats["dropped"] == 1
-    assert await client.zscore(keys.needs, keys.member("notify")) is None
-    assert await client.zscore(needs_hint("a"), keys.member("notify")) is None
+    assert await client.zscore(keys.attention, keys.member("notify")) is None
+    assert await client.zscore(attention_hint("a"), keys.member("notify")) is None
 
 
 async def test_a_stale_hint_is_skipped_and_dropped_at_read(keyed_gw: Gateway) -> None:
@@ -243,9 +243,9 @@ async def test_a_stale_hint_is_skipped_and_dropped_at_read(keyed_gw: Gateway) ->
     assert await effect(keyed_gw, "r", "done", 1) == 200
     keys = JobKeys("a", "r")
     client = store(keyed_gw).link.client
-    await client.zadd(needs_hint("a"), {keys.member("done"): 1})
+    await client.zadd(attention_hint("a"), {keys.member("done"): 1})
     assert (await attention(keyed_gw, "alice"))["items"] == []
-    assert await client.zscore(needs_hint("a"), keys.member("done")) is None
+    assert await client.zscore(attention_hint("a"), keys.member("done")) is None
 
 
 async def test_a_worker_key_cannot_list_and_bad_queries_are_400(keyed_gw: Gateway) -> None:
@@ -294,7 +294,7 @@ async def test_paging_returns_each_step_once_in_order(
     keyed_gw: Gateway, rows: list[tuple[str, str, int, str]], limit: int
 ) -> None:
     client = store(keyed_gw).link.client
-    await client.delete(needs_hint("p"))
+    await client.delete(attention_hint("p"))
     expected = []
     for job, step, score, state in rows:
         keys = JobKeys("p", job)
@@ -305,7 +305,7 @@ async def test_paging_returns_each_step_once_in_order(
              "succeeded": {"state": "succeeded"}}.get(state)  # fmt: skip
         if h:
             await client.hset(keys.effect(step), mapping={**h, "adapter": "hook"})
-        await client.zadd(needs_hint("p"), {keys.member(step): score})
+        await client.zadd(attention_hint("p"), {keys.member(step): score})
         if state in ("unknown", "dispatching"):
             expected.append((score, keys.member(step)))
     expected.sort()

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from gateway.core.errors import EffectNotUnknown, NotFound
 from gateway.core.records import Admitted, Queued, RelayClaim
-from gateway.store.keys import JobKeys, needs_hint
+from gateway.store.keys import JobKeys, attention_hint
 from gateway.store.store import Store
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ async def store(redis_url: str) -> AsyncIterator[Store]:
 async def check_truth(s: Store, keys: JobKeys) -> None:
     """The slot's index holds exactly the unknown and dispatching steps (at their deadline)."""
     c = s.link.client
-    rows = await c.zrange(keys.needs, 0, -1, withscores=True)
+    rows = await c.zrange(keys.attention, 0, -1, withscores=True)
     # the slot's index also holds other jobs that hash to the same slot
     mine = [(json.loads(m), sc) for m, sc in rows]
     index = {m[2]: sc for m, sc in mine if m[:2] == [keys.tenant, keys.job_id]}
@@ -134,7 +134,7 @@ async def test_index_follows_every_verdict_and_the_listing_after_a_reconcile(
         elif kind == "wait":
             await asyncio.sleep(DISPATCH_MS * 1.5 / 1000)
         elif kind == "drop_hints":
-            await store.link.client.delete(needs_hint(tenant))
+            await store.link.client.delete(attention_hint(tenant))
         await check_truth(store, keys)
         # the listing never shows a step its record does not confirm
         listed = {i["step"] for i in await store.attention(tenant, limit=10)}
