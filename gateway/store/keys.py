@@ -60,6 +60,10 @@ so the tag is unambiguous.
                         processes raise it, each time comparing the answer with
                         the highest they recorded (see gateway.store.link);
                         TTL 7 days from its data dir's last tick.
+``fg:quota:{<t>}:…``    a tenant's quota counters (windows, held payloads, checkpoints,
+                        outputs) and a reserve's or settle's re-send memory
+                        (:mod:`gateway.store.quota_counters`,
+                        :mod:`gateway.store.output_records`).
 ``fg:marker:{<s>}``     one marker per cluster slot (16384), also written by
                         init. Every deciding script checks the marker of its
                         own job's slot, so a wiped (or partly lost) Redis fails

@@ -7,7 +7,10 @@ Redis Cluster; :func:`gateway.store.keys.quota_prefix`):
   (``INCR``; a TTL of the window plus a minute, sent with the first charge of the window);
 * ``…:held`` (``[job, step]`` -> charge) and ``…:held_bytes`` — async payloads held for the
   relay;
-* ``…:ckpt`` (job -> the charge of its checkpoints) and ``…:ckpt_bytes`` — checkpoints.
+* ``…:ckpt`` (job -> the charge of its checkpoints) and ``…:ckpt_bytes`` — checkpoints;
+* ``…:req:<call id>`` — a reserve's or settle's reply for a minute: the auto-pipeline re-sends
+  a call whose connection dropped before its reply, and the re-send must not count again
+  (``lua/plain/includes/once``).
 
 (The output store's counters are :mod:`gateway.store.output_records`'.) Every call goes
 through the store's auto-pipeline, pipelined with the tick's scripts: no round trip of its
@@ -27,7 +30,7 @@ from gateway.store.batching import Batcher
 from gateway.store.failures import redis_errors
 from gateway.store.keys import JobKeys, audit_feed, quota_prefix
 from gateway.store.router import ClusterRouter
-from gateway.store.scripts import PlainScript
+from gateway.store.scripts import PlainScript, new_request_id
 
 __all__ = ["Pool", "QuotaCounters", "Window", "held_member"]
 
@@ -35,11 +38,14 @@ Pool = Literal["held", "ckpt"]  # payloads held for the relay, checkpoints
 Window = Literal["fx", "rj"]  # effect calls, rejections
 
 # the only check-and-set of these counters (lua/plain/: no prelude)
-RESERVE = PlainScript.load("quota-reserve-1")
-SETTLE = PlainScript.load("quota-settle-2")
-SETTLE_CHECKPOINT = PlainScript.load("quota-settle-checkpoint-2")
+RESERVE = PlainScript.load("quota-reserve-2")
+SETTLE = PlainScript.load("quota-settle-3")
+SETTLE_CHECKPOINT = PlainScript.load("quota-settle-checkpoint-3")
 DROP = PlainScript.load("quota-drop-2")
 OVER_CAP = -1  # RESERVE's reply when the amount does not fit
+# how long a reserve or settle call's reply is remembered (includes/once): a call the
+# auto-pipeline sends again after a dropped connection arrives within its retries (seconds)
+RESEND_MEMORY_MS = "60000"
 
 
 def held_member(job_id: str, step: str) -> str:
@@ -101,22 +107,27 @@ class QuotaCounters:
 
     async def reserve(self, tenant: str, pool: Pool, amount: int, cap: int) -> bool:
         """Reserve ``amount`` bytes of ``pool``; False (nothing reserved) over ``cap``."""
-        counter = f"{quota_prefix(tenant)}:{pool}_bytes"
-        return await self._int(RESERVE, [counter], [amount, cap, self._ttl]) != OVER_CAP
+        p = quota_prefix(tenant)
+        keys = [f"{p}:{pool}_bytes", f"{p}:req:{new_request_id()}"]
+        return (
+            await self._int(RESERVE, keys, [amount, cap, self._ttl, RESEND_MEMORY_MS]) != OVER_CAP
+        )
 
     async def settle_payload(self, keys: JobKeys, step: str, charge: int, *, stored: bool) -> None:
         """A payload reservation after the decision: ``stored`` (queued) the step holds
         ``charge``, else it is given back."""
         p = quota_prefix(keys.tenant)
         args = [held_member(keys.job_id, step), charge, "1" if stored else "0", self._ttl]
-        await self._int(SETTLE, [f"{p}:held", f"{p}:held_bytes"], args)
+        memory = f"{p}:req:{new_request_id()}"
+        await self._int(SETTLE, [f"{p}:held", f"{p}:held_bytes", memory], [*args, RESEND_MEMORY_MS])
 
     def settle_checkpoint(self, keys: JobKeys, reserved: int, stored: int) -> asyncio.Future[Any]:
         """A checkpoint reservation after the write stored ``stored`` bytes more (queued in
         this tick's pipeline, not waited for: a future whose failure is the caller's to log)."""
         p = quota_prefix(keys.tenant)
-        args = [keys.job_id, reserved, stored, self._ttl]
-        return self._eval(SETTLE_CHECKPOINT, [f"{p}:ckpt", f"{p}:ckpt_bytes"], args)
+        args = [keys.job_id, reserved, stored, self._ttl, RESEND_MEMORY_MS]
+        memory = f"{p}:req:{new_request_id()}"
+        return self._eval(SETTLE_CHECKPOINT, [f"{p}:ckpt", f"{p}:ckpt_bytes", memory], args)
 
     async def drop_gone(self, tenant: str, pool: Pool) -> int:
         """Give back the entries of ``pool`` whose thing left Redis (a held payload whose

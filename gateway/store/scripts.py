@@ -41,9 +41,9 @@ SCRIPT_NAMES = (
 )
 # lua/plain/: scripts without the prelude, each owned by one store module (named in its header)
 PLAIN_NAMES = (
-    "quota-reserve-1",
-    "quota-settle-2",
-    "quota-settle-checkpoint-2",
+    "quota-reserve-2",
+    "quota-settle-3",
+    "quota-settle-checkpoint-3",
     "quota-drop-2",
     "ledger-reserve-3",
     "ledger-settle-3",

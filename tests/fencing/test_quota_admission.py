@@ -10,6 +10,8 @@ import time
 from typing import Any
 
 from gateway.http import appkeys as K
+from gateway.store import quota_counters
+from tests.support.wire import WireProxy
 
 
 async def test_a_zombie_flood_cannot_spend_the_live_workers_quota(make_gateway: Any) -> None:
@@ -182,3 +184,33 @@ async def test_the_effects_window_counter_always_expires(
     redis_sync.delete(key)
     assert (await gw.effect("j", "s4", 1)).status == 200
     assert await ttl_once_charged(1) <= 3600 + 60
+
+
+async def test_a_lost_reply_to_a_payload_reservation_or_settlement_counts_once(
+    make_gateway: Any, wire: WireProxy, redis_sync: Any
+) -> None:
+    """Redis ran the reservation (or the settlement) but its reply was lost with the
+    connection: the auto-pipeline sends the call again on a new connection, and the tenant's
+    held bytes are still exactly what its held payloads are charged."""
+    gw = await make_gateway(redis={"url": wire.url}, quotas={"payload_bytes": 100_000})
+    gw.app[K.SERVICE].relay.stop()  # the payloads stay held
+    assert (await gw.register("j", generation=1)).status == 201
+    async_ = {"Prefer": "respond-async"}
+    blob = {"blob": "x" * 2_000}
+
+    def held_bytes_match(steps: int) -> bool:
+        held = redis_sync.hgetall("fg:quota:{default}:held")
+        counted = int(redis_sync.get("fg:quota:{default}:held_bytes"))
+        return len(held) == steps and counted == sum(map(int, held.values()))
+
+    # a first call: both scripts in Redis's cache (a NOSCRIPT reply is not the one to lose)
+    assert (
+        await gw.effect("j", "p0", 1, adapter="dead", payload=blob, headers=async_)
+    ).status == 202
+    assert held_bytes_match(1)
+    for step, script in (("p1", quota_counters.RESERVE), ("p2", quota_counters.SETTLE)):
+        lost = wire.on_reply_to(script.sha.encode(), "lose")
+        resp = await gw.effect("j", step, 1, adapter="dead", payload=blob, headers=async_)
+        assert resp.status == 202, await resp.text()
+        assert lost.fired.is_set(), script.name
+        assert held_bytes_match(int(step[1:]) + 1), script.name

@@ -77,3 +77,38 @@ def test_the_ledger_tail_drops_the_sum_once_nothing_is_charged(redis_sync: redis
     assert redis_sync.eval(reserve.source, 3, *keys, "k", "u", "10", "0", "0", "") == 10
     assert redis_sync.eval(settle.source, 3, *keys, "k", "u", "7") == -3
     assert redis_sync.hgetall(keys[0]) == {"k": "7"} and redis_sync.get(keys[2]) == "7"
+
+
+def test_a_quota_call_sent_again_counts_once(redis_sync: redis.Redis) -> None:
+    """The auto-pipeline re-sends a call whose connection dropped before its reply: the
+    reserve and the settles answer the first run's reply and change nothing again
+    (includes/once); another call (another memory key) counts."""
+    reserve = PlainScript.load("quota-reserve-2")
+    settle = PlainScript.load("quota-settle-3")
+    checkpoint = PlainScript.load("quota-settle-checkpoint-3")
+    held, held_bytes = "fg:quota:{t}:held", "fg:quota:{t}:held_bytes"
+    for _ in range(2):  # the call and its re-send
+        assert redis_sync.eval(reserve.source, 2, held_bytes, "fg:quota:{t}:req:a",
+                               "100", "150", "60", "60000") == 100  # fmt: skip
+    assert redis_sync.get(held_bytes) == "100"
+    for _ in range(2):  # over the cap: refused, and refused again without a trace
+        assert redis_sync.eval(reserve.source, 2, held_bytes, "fg:quota:{t}:req:b",
+                               "100", "150", "60", "60000") == -1  # fmt: skip
+    assert redis_sync.get(held_bytes) == "100"
+    for _ in range(2):  # not stored: given back once
+        assert redis_sync.eval(settle.source, 3, held, held_bytes, "fg:quota:{t}:req:c",
+                               '["j","s"]', "100", "0", "60", "60000") == 1  # fmt: skip
+    assert redis_sync.get(held_bytes) == "0"
+    redis_sync.set(held_bytes, "100")
+    redis_sync.hset(held, '["j","s"]', "100")
+    for _ in range(2):  # stored again: the member's old charge given back once
+        assert redis_sync.eval(settle.source, 3, held, held_bytes, "fg:quota:{t}:req:d",
+                               '["j","s"]', "120", "1", "60", "60000") == 1  # fmt: skip
+    assert redis_sync.get(held_bytes) == "0" and redis_sync.hget(held, '["j","s"]') == "120"
+    ckpt, ckpt_bytes = "fg:quota:{t}:ckpt", "fg:quota:{t}:ckpt_bytes"
+    redis_sync.set(ckpt_bytes, "50")
+    for _ in range(2):  # reserved 50, stored 30
+        assert redis_sync.eval(checkpoint.source, 3, ckpt, ckpt_bytes, "fg:quota:{t}:req:e",
+                               "j", "50", "30", "60", "60000") == 1  # fmt: skip
+    assert redis_sync.get(ckpt_bytes) == "30" and redis_sync.hget(ckpt, "j") == "30"
+    assert 0 < redis_sync.pttl("fg:quota:{t}:req:e") <= 60000
