@@ -59,8 +59,20 @@ Bump = Callable[[], Awaitable[Any]]  # increments fg:epoch, answers the new valu
 Reread = Callable[[Sequence[int]], Awaitable[Sequence[str | None]]]  # slots -> their markers
 
 
+# the keys of a job's slot (fences, effect records, audit chains: gateway.store.keys)
+JOB_DATA = PREFIX + "{*"
+
+
 async def has_fencegate_data(client: aioredis.Redis) -> bool:
-    async for _ in client.scan_iter(match=PREFIX + "*", count=1000):
+    """Does Redis hold jobs' data (any key of a job's slot, ``fg:{<t>/<j>}:…``: fences,
+    effect records, audit chains) or a quarantine record? Keys the gateways write on their
+    own whatever Redis holds (the attention turn, quota counters and their re-send memory,
+    relay and attention hints, the tenant feed, the epoch, witness counters) do not count:
+    they come back on a wiped Redis within seconds, and a wiped Redis must read as wiped
+    (and a new one stay initialisable) while gateways run against it."""
+    if await client.exists(QUARANTINE):
+        return True
+    async for _ in client.scan_iter(match=JOB_DATA, count=1000):
         return True
     return False
 
@@ -167,7 +179,7 @@ MARKER_STATES = {
     "wiped": "Redis has no fencegate data but this data dir initialised it before: it was "
     "restarted without its data, flushed or replaced; fences may be gone: "
     "`fencegate init --confirm-data-loss`, then re-register current generations",
-    "quarantined": "Redis holds fencegate data without its markers: a gateway found it had "
+    "quarantined": "Redis holds jobs' data without its markers: a gateway found it had "
     "lost acknowledged writes and quarantined it (logged there as `redis_slots_went_back` or "
     "`redis_older_than_last_seen`), or they were removed by hand; "
     "`fencegate init --confirm-data-loss`, then re-register current generations",

@@ -16,10 +16,13 @@ from structlog.testing import capture_logs
 from gateway.http import appkeys as K
 from gateway.http.app import create_app
 from gateway.store.embedded import EmbeddedRedis, free_port
-from gateway.store.keys import JobKeys
+from gateway.store.keys import ATTENTION_TURN, QUARANTINE, JobKeys
 from gateway.store.store import Store, connect
 from tests.conftest import Gateway, Upstream, gateway_settings
 from tests.support.wire import WireProxy
+
+# what a gateway's background ticks may write on a wiped Redis (the attention turn)
+GATEWAYS_OWN = {ATTENTION_TURN}
 
 
 async def problem_code(resp: Any) -> tuple[int, str]:
@@ -75,12 +78,15 @@ async def test_wiped_redis_fails_closed_until_confirmed_init(
     assert len(missing) == 1, missing
     assert missing[0]["slot"] == JobKeys("default", "r").slot
     assert missing[0]["global_marker_present"] is False and missing[0]["state"] == "wiped"
+    assert set(redis_sync.keys()) <= GATEWAYS_OWN, "a refused call must write nothing"
+    # what running gateways write on their own, whatever Redis holds, leaves it wiped
+    redis_sync.set(ATTENTION_TURN, "x", px=15_000)
+    redis_sync.set("fg:quota:{default}:held_bytes", "0")
     ready = await gw.client.get("/readyz")
     body = await ready.json()
     assert ready.status == 503 and body["checks"]["marker"] is False
     assert (body["cause"], body["marker"]) == ("marker_missing", "wiped")
     assert len(upstream.received) == 1
-    assert redis_sync.dbsize() == 0, "a refused call must write nothing"
 
     client = connect(gw.settings.redis.url, timeout=2, max_connections=2)
     store = Store(
@@ -112,9 +118,33 @@ async def test_a_flush_between_the_witness_reading_the_marker_and_raising_leaves
     await asyncio.wait_for(held.fired.wait(), 5)  # Redis answered the read; the reply waits
     redis_sync.flushall()
     assert await tick is True
-    assert redis_sync.dbsize() == 0
+    assert set(redis_sync.keys()) <= GATEWAYS_OWN
     body = await (await gw.client.get("/readyz")).json()
     assert (body["cause"], body["marker"]) == ("marker_missing", "wiped")
+
+
+async def test_a_new_redis_that_running_gateways_wrote_to_is_still_new(
+    redis_sync: Any, redis_url: str, tmp_path: Path
+) -> None:
+    """Gateways started before `fencegate init` write their own keys (the attention turn,
+    quota counters): `init` on that Redis, from a data dir that never initialised one, still
+    writes the marker; a job's data or a quarantine record makes it refuse."""
+    redis_sync.set(ATTENTION_TURN, "x", px=15_000)
+    redis_sync.set("fg:quota:{default}:held_bytes", "0")
+    client = connect(redis_url, timeout=2, max_connections=2)
+    try:
+        for n, planted in enumerate((JobKeys("default", "r").job, QUARANTINE, None)):
+            if planted is not None:
+                redis_sync.set(planted, "1")
+            store = Store(client, state_file=tmp_path / f"new{n}" / "fencegate.state",
+                          registration="required", dispatch_timeout_ms=1000,
+                          retention_seconds=60)  # fmt: skip
+            wanted = "refused" if planted is not None else "written"
+            assert await store.initialize(auto=True) == wanted, planted
+            if planted is not None:
+                redis_sync.delete(planted)
+    finally:
+        await client.aclose()
 
 
 async def test_partial_loss_of_one_slot_fails_closed_for_that_job_only(
