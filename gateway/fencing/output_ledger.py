@@ -11,6 +11,7 @@ upload runs) and ``fg:quota:{<tenant>}:out_bytes`` (their sum), kept by
 
 from __future__ import annotations
 
+import secrets
 import time
 
 import structlog
@@ -20,9 +21,28 @@ from gateway.core.records import OutputRecord
 from gateway.objects import ObjectStore, ObjectStoreError, parse_output_key
 from gateway.store.output_records import OutputRecords
 
-__all__ = ["OutputLedger"]
+__all__ = ["OutputLedger", "new_upload_id"]
 
 log = structlog.get_logger("fencegate.quotas")
+
+# An upload's reservation comes before its stage (the outputs-hash entry the reconciliation
+# checks it against): one with no entry yet and younger than this is not given back by a
+# reconciliation, so a reservation whose stage is on its way is not taken for one whose
+# upload ended (an abandoned one: its entry's deadline decides, as before).
+RESERVATION_GRACE_MS = 60_000
+
+
+def new_upload_id() -> str:
+    """An upload's id: when it was made (unix ms, hex) and 32 random bits."""
+    return f"{int(time.time() * 1000):x}{secrets.token_hex(4)}"
+
+
+def made_at_ms(upload: str) -> int:
+    """When :func:`new_upload_id` made ``upload`` (0: an id of another form)."""
+    try:
+        return int(upload[:-8], 16) if len(upload) > 8 else 0
+    except ValueError:
+        return 0
 
 
 class OutputLedger:
@@ -113,6 +133,8 @@ class OutputLedger:
                 and entry.deadline_ms > now_ms
             ):
                 continue  # still running (or a pre-signed URL still valid)
+            if entry is None and now_ms - made_at_ms(upload) < RESERVATION_GRACE_MS:
+                continue  # reserved just now, not staged yet: its stage may be on its way
             ops += ["u", field, charge]
             if key in listed:
                 ops += ["s", key, str(listed[key])]

@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -65,7 +64,7 @@ from gateway.core.errors import (
     UploadUrlUnsupported,
 )
 from gateway.core.records import OutputRecord
-from gateway.fencing.output_ledger import OutputLedger
+from gateway.fencing.output_ledger import OutputLedger, new_upload_id
 from gateway.fencing.outputs_presigned import record_presigned
 from gateway.fencing.quotas import OUTPUT_STEP, Quotas
 from gateway.objects import ObjectStore, ObjectStoreError, PreconditionFailed, output_key
@@ -192,7 +191,7 @@ class OutputService:
         over the reservation of the URL it replaces (one object at the key). A refused
         stage gives the reservation back."""
         key = output_key(keys.tenant, keys.job_id, gen, name)
-        upload = secrets.token_hex(8)
+        upload = new_upload_id()
         # a put never takes over a URL's reservation (that URL may still write before the
         # put's bytes land): a reconciliation gives it back once the put replaced the entry
         prior = await self.entry(keys, gen, name) if presigned else None

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import aiohttp
 import pytest
 import redis
 
+from gateway.fencing.output_ledger import RESERVATION_GRACE_MS, new_upload_id
 from gateway.fencing.outputs_sweep import sweep
 from gateway.http import appkeys as K
 from gateway.http.outputs import OUTPUTS
@@ -302,6 +304,27 @@ async def test_objects_deleted_behind_the_gateway_are_given_back_at_the_cap(
     resp = await acme.put(gen, "c")  # at the cap: reconciled, then it fits
     assert resp.status == 201, await resp.text()
     assert charged(redis_sync, "acme") == (200_000, 2)
+
+
+async def test_a_reservation_whose_stage_is_on_its_way_is_not_given_back(
+    make_gateway: Any, objects: Objects, redis_sync: redis.Redis
+) -> None:
+    """An upload reserves its bytes, then stages (the outputs-hash entry a reconciliation
+    checks a reservation against). A reconciliation run by another upload at the cap in
+    between must not take the fresh reservation for one whose upload ended: that let a third
+    100 kB upload under a 250 kB cap. A reservation without a stage that is older than the
+    grace is given back."""
+    acme, _ = await tenants(make_gateway, objects, {"output_bytes": 250_000})
+    ledger = acme.gw.app[OUTPUTS].ledger
+    key = f"acme/{JOB}/g1/fresh"
+    fresh = new_upload_id()
+    old = f"{int(time.time() * 1000) - RESERVATION_GRACE_MS - 1000:x}{'0' * 8}"
+    for upload in (fresh, old):
+        assert await ledger.reserve("acme", key, upload, 100_000, 250_000, 0) > 0
+    assert charged(redis_sync, "acme") == (200_000, 2)
+    assert await ledger.reconcile("acme") == 1  # the old one only
+    assert charged(redis_sync, "acme") == (100_000, 1)
+    assert redis_sync.hkeys("fg:quota:{acme}:out_up") == [f"{key} {fresh}"]
 
 
 # -- pre-signed uploads ----------------------------------------------------------------------
