@@ -179,7 +179,7 @@ MARKER_STATES = {
     "wiped": "Redis has no fencegate data but this data dir initialised it before: it was "
     "restarted without its data, flushed or replaced; fences may be gone: "
     "`fencegate init --confirm-data-loss`, then re-register current generations",
-    "quarantined": "Redis holds jobs' data without its markers: a gateway found it had "
+    "quarantined": "Redis holds job data without its markers: a gateway found it had "
     "lost acknowledged writes and quarantined it (logged there as `redis_slots_went_back` or "
     "`redis_older_than_last_seen`), or they were removed by hand; "
     "`fencegate init --confirm-data-loss`, then re-register current generations",

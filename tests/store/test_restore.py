@@ -28,6 +28,7 @@ from gateway.store import durability, statefile
 from gateway.store.keys import EPOCH, MARKER, JobKeys, slot_marker
 from gateway.store.store import connect
 from tests.conftest import Gateway, Upstream, gateway_settings
+from tests.support.calls import lasting_keys
 from tests.support.processes import DurableRedis, Serve, children_of, init, wait_dead
 
 
@@ -157,7 +158,7 @@ async def test_a_wiped_redis_is_not_initialised_by_a_gateway_with_a_fresh_data_d
     assert "fencegate init" in (await refused.json())["detail"]
     assert await readiness(first) == (503, "marker_missing", "uninitialised")
     c = durable.client()
-    assert c.dbsize() == 0, "nothing written to a Redis nobody initialised"
+    assert lasting_keys(c) == [], "nothing written to a Redis nobody initialised"
     assert await first.app[K.STORE].initialize(auto=False) == "written"  # `fencegate init`
     assert (await first.register("r", generation=1)).status == 201
     assert (await first.effect("r", "notify", 1)).status == 200
@@ -171,7 +172,7 @@ async def test_a_wiped_redis_is_not_initialised_by_a_gateway_with_a_fresh_data_d
     assert await code(reg) == (503, "store_unavailable")
     assert "fencegate init" in (await reg.json())["detail"]
     assert await code(await fresh.effect("r", "notify", 1)) == (503, "store_unavailable")
-    assert c.dbsize() == 0
+    assert lasting_keys(c) == []
     assert len(upstream.received) == 1, "the completed step was sent again"
     c.close()
 

@@ -19,10 +19,8 @@ from gateway.store.embedded import EmbeddedRedis, free_port
 from gateway.store.keys import ATTENTION_TURN, QUARANTINE, JobKeys
 from gateway.store.store import Store, connect
 from tests.conftest import Gateway, Upstream, gateway_settings
+from tests.support.calls import lasting_keys
 from tests.support.wire import WireProxy
-
-# what a gateway's background ticks may write on a wiped Redis (the attention turn)
-GATEWAYS_OWN = {ATTENTION_TURN}
 
 
 async def problem_code(resp: Any) -> tuple[int, str]:
@@ -78,7 +76,7 @@ async def test_wiped_redis_fails_closed_until_confirmed_init(
     assert len(missing) == 1, missing
     assert missing[0]["slot"] == JobKeys("default", "r").slot
     assert missing[0]["global_marker_present"] is False and missing[0]["state"] == "wiped"
-    assert set(redis_sync.keys()) <= GATEWAYS_OWN, "a refused call must write nothing"
+    assert lasting_keys(redis_sync) == [], "a refused call must write nothing"
     # what running gateways write on their own, whatever Redis holds, leaves it wiped
     redis_sync.set(ATTENTION_TURN, "x", px=15_000)
     redis_sync.set("fg:quota:{default}:held_bytes", "0")
@@ -118,7 +116,7 @@ async def test_a_flush_between_the_witness_reading_the_marker_and_raising_leaves
     await asyncio.wait_for(held.fired.wait(), 5)  # Redis answered the read; the reply waits
     redis_sync.flushall()
     assert await tick is True
-    assert set(redis_sync.keys()) <= GATEWAYS_OWN
+    assert lasting_keys(redis_sync) == []
     body = await (await gw.client.get("/readyz")).json()
     assert (body["cause"], body["marker"]) == ("marker_missing", "wiped")
 

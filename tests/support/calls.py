@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from gateway.store.keys import JobKeys
+from gateway.store.keys import ATTENTION_TURN, JobKeys
 from tests.conftest import Gateway, Upstream
 
 PROBLEM = "application/problem+json"
@@ -51,6 +51,20 @@ def snapshot(redis_sync: Any) -> dict[str, Any]:
         else:
             out[key] = redis_sync.get(key)
     return out
+
+
+def lasting_keys(redis_sync: Any) -> list[str]:
+    """The keys in Redis but those that come and go on their own: what running gateways
+    write whatever Redis holds (the attention reconciler's turn, the witness counters) and
+    the quota calls' re-send memories (``fg:quota:{<t>}:req:<id>``, a minute; kept by a
+    call that reserved and gave back)."""
+    return sorted(
+        k
+        for k in redis_sync.keys("*")
+        if k != ATTENTION_TURN
+        and not k.startswith("fg:witness:")
+        and not (k.startswith("fg:quota:{") and ":req:" in k and 0 < redis_sync.pttl(k) <= 60_000)
+    )
 
 
 async def assert_untouched(
