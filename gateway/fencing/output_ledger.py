@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -32,9 +33,11 @@ log = structlog.get_logger("fencegate.quotas")
 RESERVATION_GRACE_MS = 60_000
 
 
-def new_upload_id() -> str:
-    """An upload's id: when it was made (unix ms, hex) and 32 random bits."""
-    return f"{int(time.time() * 1000):x}{secrets.token_hex(4)}"
+def new_upload_id(now_ms: int) -> str:
+    """An upload's id: when it was made (``now_ms``: unix ms on Redis's clock, hex) and 32
+    random bits. Redis's clock, not this host's: every gateway's reconciliation reads the
+    age of every gateway's ids, whatever their hosts' clocks say."""
+    return f"{now_ms:x}{secrets.token_hex(4)}"
 
 
 def made_at_ms(upload: str) -> int:
@@ -50,9 +53,12 @@ class OutputLedger:
     cap-free bookkeeping shared by the uploads, the completion and the sweeper; the caps
     are :meth:`Quotas.reserve_output`'s."""
 
-    def __init__(self, records: OutputRecords, objects: ObjectStore) -> None:
+    def __init__(
+        self, records: OutputRecords, objects: ObjectStore, clock: Callable[[], int]
+    ) -> None:
         self._records = records
         self._objects = objects
+        self._clock = clock  # Redis's clock, unix ms (Store.redis_clock_ms)
         self._reconciled: dict[str, float] = {}
 
     async def reserve(
@@ -116,7 +122,7 @@ class OutputLedger:
             # listed after the charges were read: an object charged then was written then
             listed = {i.key: i.size async for i in self._objects.list(f"{tenant}/")}
             running = await self._running(tenant, list(reserved))
-            now_ms = int(time.time() * 1000)
+            now_ms = self._clock()
         except (StoreUnavailable, ObjectStoreError, OSError) as exc:
             log.warning("quota_reconcile_failed", tenant=tenant, kind="output", error=str(exc))
             return 0

@@ -120,7 +120,8 @@ class OutputService:
         self._background: set[asyncio.Task[None]] = set()  # claims ended after a lost reply
         self.uploads: dict[str, int] = {}  # tenant -> uploads through this process running
         self.records = store.output_records  # the outputs hashes
-        self.ledger = OutputLedger(self.records, objects)  # what each tenant has in the store
+        # what each tenant has in the store
+        self.ledger = OutputLedger(self.records, objects, store.redis_clock_ms)
 
     # -- the fenced scripts -------------------------------------------------------
 
@@ -191,7 +192,7 @@ class OutputService:
         over the reservation of the URL it replaces (one object at the key). A refused
         stage gives the reservation back."""
         key = output_key(keys.tenant, keys.job_id, gen, name)
-        upload = new_upload_id()
+        upload = new_upload_id(self.store.redis_clock_ms())
         # a put never takes over a URL's reservation (that URL may still write before the
         # put's bytes land): a reconciliation gives it back once the put replaced the entry
         prior = await self.entry(keys, gen, name) if presigned else None

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -317,8 +316,9 @@ async def test_a_reservation_whose_stage_is_on_its_way_is_not_given_back(
     acme, _ = await tenants(make_gateway, objects, {"output_bytes": 250_000})
     ledger = acme.gw.app[OUTPUTS].ledger
     key = f"acme/{JOB}/g1/fresh"
-    fresh = new_upload_id()
-    old = f"{int(time.time() * 1000) - RESERVATION_GRACE_MS - 1000:x}{'0' * 8}"
+    now_ms = acme.gw.app[K.STORE].redis_clock_ms()
+    fresh = new_upload_id(now_ms)
+    old = new_upload_id(now_ms - RESERVATION_GRACE_MS - 1000)
     for upload in (fresh, old):
         assert await ledger.reserve("acme", key, upload, 100_000, 250_000, 0) > 0
     assert charged(redis_sync, "acme") == (200_000, 2)
