@@ -144,11 +144,22 @@ class Caps:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointHold:
-    """A checkpoint write's reservation: ``charge`` reserved (0: none), ``closed``: the
-    tenant's checkpoint bytes are used up (the script takes only a write that does not grow)."""
+    """A checkpoint write's reservation: ``charge`` reserved (0: none) as ``reservation`` (its
+    id, which the settlement closes), ``closed``: the tenant's checkpoint bytes are used up
+    (the script takes only a write that does not grow)."""
 
     charge: int = 0
     closed: bool = False
+    reservation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadHold:
+    """An async payload's reservation, from :meth:`Quotas.before` to :meth:`Quotas.after`:
+    ``charge`` bytes as ``reservation`` (its id, which the settlement closes)."""
+
+    charge: int
+    reservation: str
 
 
 _NO_HOLD = CheckpointHold()
@@ -226,23 +237,22 @@ class Quotas:
             )
             if count >= cap:
                 closed += letter
-        charge = 0
+        hold = None
         if call.payload_bytes and caps.payload and "e" not in closed:
-            charge = await self._reserve_payload(call.keys.tenant, call.payload_bytes, caps.payload)
-            if not charge:
+            hold = await self._reserve_payload(call.keys.tenant, call.payload_bytes, caps.payload)
+            if hold is None:
                 closed += "p"
-        return Gate(closed, charge) if closed or charge else OPEN
+        return Gate(closed, hold) if closed or hold else OPEN
 
     async def after(
         self, call: AdmitCall, gate: Gate, outcome: AdmitVerdict | BaseException
     ) -> None:
         keys, tenant = call.keys, call.keys.tenant
-        charge = int(gate.hold or 0)
-        if charge:
+        if isinstance(gate.hold, PayloadHold):
             stored = isinstance(outcome, Queued)
             if isinstance(outcome, StoreUnavailable):
                 stored = bool(outcome.fields.get("may_have_been_queued"))
-            await self._settle_payload(keys, call.step, charge, stored)
+            await self._settle_payload(keys, call.step, gate.hold, stored)
         if isinstance(outcome, Replay | InProgress | Unresolved):
             return  # nothing was written for this call: never charged
         index, left = self._window()
@@ -333,19 +343,23 @@ class Quotas:
 
     # -- stored payload bytes -------------------------------------------------
 
-    async def _reserve_payload(self, tenant: str, size: int, cap: int) -> int:
-        """Reserve a payload's charge; 0 when it does not fit (after one reconciliation)."""
+    async def _reserve_payload(self, tenant: str, size: int, cap: int) -> PayloadHold | None:
+        """Reserve a payload's charge; None when it does not fit (after one reconciliation)."""
         charge = size + PAYLOAD_OVERHEAD
         for attempt in (0, 1):
-            if await self._counters.reserve(tenant, "held", charge, cap):
-                return charge
+            if reservation := await self._counters.reserve(tenant, "held", charge, cap):
+                return PayloadHold(charge, reservation)
             if attempt == 0 and not await self.reconcile(tenant):
                 break
-        return 0
+        return None
 
-    async def _settle_payload(self, keys: JobKeys, step: str, charge: int, stored: bool) -> None:
+    async def _settle_payload(
+        self, keys: JobKeys, step: str, hold: PayloadHold, stored: bool
+    ) -> None:
         try:
-            await self._counters.settle_payload(keys, step, charge, stored=stored)
+            await self._counters.settle_payload(
+                keys, step, hold.charge, hold.reservation, stored=stored
+            )
         except StoreUnavailable:
             log.warning("quota_settle_failed", job_id=keys.job_id, step=step)
 
@@ -378,8 +392,8 @@ class Quotas:
             return _NO_HOLD
         charge = bound + CHECKPOINT_OVERHEAD
         for attempt in (0, 1):
-            if await self._counters.reserve(tenant, "ckpt", charge, cap):
-                return CheckpointHold(charge)
+            if reservation := await self._counters.reserve(tenant, "ckpt", charge, cap):
+                return CheckpointHold(charge, reservation=reservation)
             if attempt == 0 and not await self.reconcile_checkpoints(tenant):
                 break
         return CheckpointHold(closed=True)
@@ -387,10 +401,11 @@ class Quotas:
     def settle_checkpoint(self, keys: JobKeys, hold: CheckpointHold, stored: int) -> None:
         """The write stored ``stored`` bytes more (its charge minus the one it replaced; 0:
         nothing written; the reservation for a write whose reply never came). Queued in this
-        tick's pipeline, not waited for: it only lowers the counter, never raises it."""
+        tick's pipeline, not waited for: it lowers the counter (raises it only when the
+        reconciliation gave the reservation back as abandoned before the write's end)."""
         if not hold.charge and not hold.closed:
             return  # the tenant has no checkpoint cap: nothing is counted
-        future = self._counters.settle_checkpoint(keys, hold.charge, stored)
+        future = self._counters.settle_checkpoint(keys, hold.charge, stored, hold.reservation)
 
         def settled(future: asyncio.Future[Any]) -> None:
             if not future.cancelled() and future.exception() is not None:

@@ -8,8 +8,12 @@ Redis Cluster; :func:`gateway.store.keys.quota_prefix`):
 * ``…:held`` (``[job, step]`` -> charge) and ``…:held_bytes`` — async payloads held for the
   relay;
 * ``…:ckpt`` (job -> the charge of its checkpoints) and ``…:ckpt_bytes`` — checkpoints;
-* ``…:req:<call id>`` — a reserve's or settle's reply for a minute: the auto-pipeline re-sends
-  a call whose connection dropped before its reply, and the re-send must not count again
+* ``…:held_pending``, ``…:ckpt_pending`` (reservation id -> bytes) — the reservations not
+  settled yet: a re-sent reservation finds its own and counts nothing again, its settlement
+  closes it, and one never settled is given back by the reconciliation once it is ten
+  minutes old (the id starts with when it was made, on Redis's clock);
+* ``…:req:<call id>`` — a settle's reply for a minute: the auto-pipeline re-sends a call
+  whose connection dropped before its reply, and the re-send must not count again
   (``lua/plain/includes/once``).
 
 (The output store's counters are :mod:`gateway.store.output_records`'.) Every call goes
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from gateway.store.batching import Batcher
@@ -39,13 +43,16 @@ Window = Literal["fx", "rj"]  # effect calls, rejections
 
 # the only check-and-set of these counters (lua/plain/: no prelude)
 RESERVE = PlainScript.load("quota-reserve-2")
-SETTLE = PlainScript.load("quota-settle-3")
-SETTLE_CHECKPOINT = PlainScript.load("quota-settle-checkpoint-3")
+SETTLE = PlainScript.load("quota-settle-4")
+SETTLE_CHECKPOINT = PlainScript.load("quota-settle-checkpoint-4")
 DROP = PlainScript.load("quota-drop-2")
 OVER_CAP = -1  # RESERVE's reply when the amount does not fit
-# how long a reserve or settle call's reply is remembered (includes/once): a call the
-# auto-pipeline sends again after a dropped connection arrives within its retries (seconds)
+# how long a settle call's reply is remembered (includes/once): a call the auto-pipeline
+# sends again after a dropped connection arrives within its retries (seconds)
 RESEND_MEMORY_MS = "60000"
+# an open reservation older than this was never settled (a settle follows its reserve within
+# a call): the reconciliation gives it back
+ABANDONED_AFTER_MS = 600_000
 
 
 def held_member(job_id: str, step: str) -> str:
@@ -64,7 +71,9 @@ class QuotaCounters:
         *,
         retention_seconds: int,
         window_ttl_seconds: int,
+        clock: Callable[[], int],
     ) -> None:
+        self._clock = clock  # Redis's clock, unix ms (the reservations' age)
         self._client = client
         self._batcher = batcher
         self._ttl = str(retention_seconds)
@@ -105,29 +114,41 @@ class QuotaCounters:
 
     # -- stored bytes: payloads held for the relay, checkpoints ----------------------
 
-    async def reserve(self, tenant: str, pool: Pool, amount: int, cap: int) -> bool:
-        """Reserve ``amount`` bytes of ``pool``; False (nothing reserved) over ``cap``."""
+    async def reserve(self, tenant: str, pool: Pool, amount: int, cap: int) -> str:
+        """Reserve ``amount`` bytes of ``pool``: the reservation's id, which its settlement
+        closes; '' (nothing reserved) over ``cap``."""
         p = quota_prefix(tenant)
-        keys = [f"{p}:{pool}_bytes", f"{p}:req:{new_request_id()}"]
-        return (
-            await self._int(RESERVE, keys, [amount, cap, self._ttl, RESEND_MEMORY_MS]) != OVER_CAP
+        reservation = f"{self._clock():x}.{new_request_id()}"
+        keys = [f"{p}:{pool}_bytes", f"{p}:{pool}_pending"]
+        reply = await self._int(RESERVE, keys, [amount, cap, self._ttl, reservation])
+        return "" if reply == OVER_CAP else reservation
+
+    async def settle_payload(
+        self, keys: JobKeys, step: str, charge: int, reservation: str, *, stored: bool
+    ) -> None:
+        """A payload reservation after the decision: ``stored`` (queued) the step holds
+        ``charge``, else it is given back; the reservation is closed."""
+        p = quota_prefix(keys.tenant)
+        memory = f"{p}:req:{new_request_id()}"
+        args = [held_member(keys.job_id, step), charge, "1" if stored else "0", self._ttl]
+        await self._int(
+            SETTLE,
+            [f"{p}:held", f"{p}:held_bytes", memory, f"{p}:held_pending"],
+            [*args, RESEND_MEMORY_MS, reservation],
         )
 
-    async def settle_payload(self, keys: JobKeys, step: str, charge: int, *, stored: bool) -> None:
-        """A payload reservation after the decision: ``stored`` (queued) the step holds
-        ``charge``, else it is given back."""
+    def settle_checkpoint(
+        self, keys: JobKeys, reserved: int, stored: int, reservation: str
+    ) -> asyncio.Future[Any]:
+        """A checkpoint reservation (``reservation``: its id, '' for none) after the write
+        stored ``stored`` bytes more (queued in this tick's pipeline, not waited for: a
+        future whose failure is the caller's to log)."""
         p = quota_prefix(keys.tenant)
-        args = [held_member(keys.job_id, step), charge, "1" if stored else "0", self._ttl]
+        args = [keys.job_id, reserved, stored, self._ttl, RESEND_MEMORY_MS, reservation]
         memory = f"{p}:req:{new_request_id()}"
-        await self._int(SETTLE, [f"{p}:held", f"{p}:held_bytes", memory], [*args, RESEND_MEMORY_MS])
-
-    def settle_checkpoint(self, keys: JobKeys, reserved: int, stored: int) -> asyncio.Future[Any]:
-        """A checkpoint reservation after the write stored ``stored`` bytes more (queued in
-        this tick's pipeline, not waited for: a future whose failure is the caller's to log)."""
-        p = quota_prefix(keys.tenant)
-        args = [keys.job_id, reserved, stored, self._ttl, RESEND_MEMORY_MS]
-        memory = f"{p}:req:{new_request_id()}"
-        return self._eval(SETTLE_CHECKPOINT, [f"{p}:ckpt", f"{p}:ckpt_bytes", memory], args)
+        return self._eval(
+            SETTLE_CHECKPOINT, [f"{p}:ckpt", f"{p}:ckpt_bytes", memory, f"{p}:ckpt_pending"], args
+        )
 
     async def drop_gone(self, tenant: str, pool: Pool) -> int:
         """Give back the entries of ``pool`` whose thing left Redis (a held payload whose
@@ -154,6 +175,28 @@ class QuotaCounters:
         freed = 0
         for i in range(0, len(gone), 2000):
             freed += await self._int(DROP, [f"{p}:{pool}", f"{p}:{pool}_bytes"], gone[i : i + 2000])
+        return freed + await self._drop_abandoned(tenant, pool)
+
+    async def _drop_abandoned(self, tenant: str, pool: Pool) -> int:
+        """Give back the open reservations of ``pool`` older than
+        :data:`ABANDONED_AFTER_MS` on Redis's clock: their settlement never came (every reply
+        of the reservation lost, the gateway gone between the two). Returns the bytes freed."""
+        p = quota_prefix(tenant)
+        with redis_errors():
+            pending: dict[str, str] = await self._client.hgetall(f"{p}:{pool}_pending")
+        before = self._clock() - ABANDONED_AFTER_MS
+        old: list[str] = []
+        for reservation, amount in pending.items():
+            made, _, _ = reservation.partition(".")
+            try:
+                if int(made, 16) < before:
+                    old += [reservation, amount]
+            except ValueError:
+                old += [reservation, amount]  # not an id this module makes
+        freed = 0
+        for i in range(0, len(old), 2000):
+            keys = [f"{p}:{pool}_pending", f"{p}:{pool}_bytes"]
+            freed += await self._int(DROP, keys, old[i : i + 2000])
         return freed
 
     # -- the tenant's audit feed -------------------------------------------------------

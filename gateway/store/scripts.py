@@ -42,8 +42,8 @@ SCRIPT_NAMES = (
 # lua/plain/: scripts without the prelude, each owned by one store module (named in its header)
 PLAIN_NAMES = (
     "quota-reserve-2",
-    "quota-settle-3",
-    "quota-settle-checkpoint-3",
+    "quota-settle-4",
+    "quota-settle-checkpoint-4",
     "quota-drop-2",
     "ledger-reserve-3",
     "ledger-settle-3",

@@ -693,6 +693,7 @@ class Store:
             self.link.batcher,
             retention_seconds=retention_seconds,
             window_ttl_seconds=window_ttl_seconds,
+            clock=self.link.redis_clock_ms,
         )
 
     async def close(self) -> None:

@@ -214,3 +214,37 @@ async def test_a_lost_reply_to_a_payload_reservation_or_settlement_counts_once(
         assert resp.status == 202, await resp.text()
         assert lost.fired.is_set(), script.name
         assert held_bytes_match(int(step[1:]) + 1), script.name
+
+
+async def test_a_reservation_whose_every_reply_was_lost_is_given_back_once_abandoned(
+    make_gateway: Any, wire: WireProxy, redis_sync: Any
+) -> None:
+    """Redis ran the reservation, and its reply was lost on the first send and on both
+    re-sends: the call answers 503, the reservation is counted once and stays open (no
+    settlement knows it); the reconciliation gives it back once it is older than
+    ``ABANDONED_AFTER_MS`` on Redis's clock."""
+    gw = await make_gateway(redis={"url": wire.url}, quotas={"payload_bytes": 100_000})
+    gw.app[K.SERVICE].relay.stop()
+    assert (await gw.register("j", generation=1)).status == 201
+    async_ = {"Prefer": "respond-async"}
+    blob = {"blob": "x" * 2_000}
+    assert (
+        await gw.effect("j", "p0", 1, adapter="dead", payload=blob, headers=async_)
+    ).status == 202
+    baseline = int(redis_sync.get("fg:quota:{default}:held_bytes"))
+    lost = [wire.on_reply_to(quota_counters.RESERVE.sha.encode(), "lose", skip=0) for _ in range(3)]
+    resp = await gw.effect("j", "p1", 1, adapter="dead", payload=blob, headers=async_)
+    assert resp.status == 503, await resp.text()
+    assert all(rule.fired.is_set() for rule in lost)
+    pending = redis_sync.hgetall("fg:quota:{default}:held_pending")
+    [(reservation, charge)] = pending.items()
+    assert int(redis_sync.get("fg:quota:{default}:held_bytes")) == baseline + int(charge)
+    quotas = gw.app[K.QUOTAS]
+    assert await quotas.reconcile("default") == 0  # open, and young: kept
+    made = gw.app[K.STORE].redis_clock_ms() - quota_counters.ABANDONED_AFTER_MS - 1000
+    redis_sync.hdel("fg:quota:{default}:held_pending", reservation)
+    redis_sync.hset("fg:quota:{default}:held_pending", f"{made:x}.x", charge)
+    await asyncio.sleep(1.05)  # a tenant is reconciled at most once a second
+    assert await quotas.reconcile("default") == int(charge)
+    assert int(redis_sync.get("fg:quota:{default}:held_bytes")) == baseline
+    assert redis_sync.hgetall("fg:quota:{default}:held_pending") == {}

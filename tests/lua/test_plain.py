@@ -80,35 +80,63 @@ def test_the_ledger_tail_drops_the_sum_once_nothing_is_charged(redis_sync: redis
 
 
 def test_a_quota_call_sent_again_counts_once(redis_sync: redis.Redis) -> None:
-    """The auto-pipeline re-sends a call whose connection dropped before its reply: the
-    reserve and the settles answer the first run's reply and change nothing again
-    (includes/once); another call (another memory key) counts."""
+    """The auto-pipeline re-sends a call whose connection dropped before its reply: a
+    reservation finds itself open and counts nothing again, a settlement answers its first
+    run's reply (includes/once); a refused reservation writes nothing."""
     reserve = PlainScript.load("quota-reserve-2")
-    settle = PlainScript.load("quota-settle-3")
-    checkpoint = PlainScript.load("quota-settle-checkpoint-3")
-    held, held_bytes = "fg:quota:{t}:held", "fg:quota:{t}:held_bytes"
-    for _ in range(2):  # the call and its re-send
-        assert redis_sync.eval(reserve.source, 2, held_bytes, "fg:quota:{t}:req:a",
-                               "100", "150", "60", "60000") == 100  # fmt: skip
-    assert redis_sync.get(held_bytes) == "100"
+    settle = PlainScript.load("quota-settle-4")
+    checkpoint = PlainScript.load("quota-settle-checkpoint-4")
+    held, held_bytes, pending = (
+        f"fg:quota:{{t}}:{k}" for k in ("held", "held_bytes", "held_pending")
+    )
+    for _ in range(2):  # the reservation and its re-send
+        assert (
+            redis_sync.eval(reserve.source, 2, held_bytes, pending, "100", "150", "60", "a") == 100
+        )
+    assert (redis_sync.get(held_bytes), redis_sync.hgetall(pending)) == ("100", {"a": "100"})
     for _ in range(2):  # over the cap: refused, and refused again without a trace
-        assert redis_sync.eval(reserve.source, 2, held_bytes, "fg:quota:{t}:req:b",
-                               "100", "150", "60", "60000") == -1  # fmt: skip
-    assert redis_sync.get(held_bytes) == "100"
+        assert (
+            redis_sync.eval(reserve.source, 2, held_bytes, pending, "100", "150", "60", "b") == -1
+        )
+    assert (redis_sync.get(held_bytes), redis_sync.hgetall(pending)) == ("100", {"a": "100"})
+    for _ in range(2):  # stored: the member holds the charge, the reservation is closed once
+        assert redis_sync.eval(settle.source, 4, held, held_bytes, "fg:quota:{t}:req:c", pending,
+                               '["j","s"]', "100", "1", "60", "60000", "a") == 1  # fmt: skip
+    assert redis_sync.get(held_bytes) == "100" and redis_sync.hget(held, '["j","s"]') == "100"
+    assert redis_sync.hgetall(pending) == {}
+    assert redis_sync.eval(reserve.source, 2, held_bytes, pending, "50", "150", "60", "d") == 150
     for _ in range(2):  # not stored: given back once
-        assert redis_sync.eval(settle.source, 3, held, held_bytes, "fg:quota:{t}:req:c",
-                               '["j","s"]', "100", "0", "60", "60000") == 1  # fmt: skip
-    assert redis_sync.get(held_bytes) == "0"
-    redis_sync.set(held_bytes, "100")
-    redis_sync.hset(held, '["j","s"]', "100")
-    for _ in range(2):  # stored again: the member's old charge given back once
-        assert redis_sync.eval(settle.source, 3, held, held_bytes, "fg:quota:{t}:req:d",
-                               '["j","s"]', "120", "1", "60", "60000") == 1  # fmt: skip
-    assert redis_sync.get(held_bytes) == "0" and redis_sync.hget(held, '["j","s"]') == "120"
-    ckpt, ckpt_bytes = "fg:quota:{t}:ckpt", "fg:quota:{t}:ckpt_bytes"
-    redis_sync.set(ckpt_bytes, "50")
+        assert redis_sync.eval(settle.source, 4, held, held_bytes, "fg:quota:{t}:req:e", pending,
+                               '["j","t"]', "50", "0", "60", "60000", "d") == 1  # fmt: skip
+    assert redis_sync.get(held_bytes) == "100" and redis_sync.hgetall(pending) == {}
+    ckpt, ckpt_bytes, ckpt_pending = (
+        f"fg:quota:{{t}}:{k}" for k in ("ckpt", "ckpt_bytes", "ckpt_pending")
+    )
+    assert redis_sync.eval(reserve.source, 2, ckpt_bytes, ckpt_pending, "50", "0", "60", "f") == 50
     for _ in range(2):  # reserved 50, stored 30
-        assert redis_sync.eval(checkpoint.source, 3, ckpt, ckpt_bytes, "fg:quota:{t}:req:e",
-                               "j", "50", "30", "60", "60000") == 1  # fmt: skip
+        assert redis_sync.eval(checkpoint.source, 4, ckpt, ckpt_bytes, "fg:quota:{t}:req:g",
+                               ckpt_pending, "j", "50", "30", "60", "60000", "f") == 1  # fmt: skip
     assert redis_sync.get(ckpt_bytes) == "30" and redis_sync.hget(ckpt, "j") == "30"
-    assert 0 < redis_sync.pttl("fg:quota:{t}:req:e") <= 60000
+    assert redis_sync.hgetall(ckpt_pending) == {}
+    assert 0 < redis_sync.pttl("fg:quota:{t}:req:g") <= 60000
+
+
+def test_a_settlement_after_its_reservation_was_given_back_counts_it_again(
+    redis_sync: redis.Redis,
+) -> None:
+    """The reconciliation gave an open reservation back as abandoned (quota-drop-2 on the open
+    reservations); its settlement arrives after all: stored, it is counted again; not
+    stored, it is not given back twice."""
+    reserve, settle = PlainScript.load("quota-reserve-2"), PlainScript.load("quota-settle-4")
+    drop = PlainScript.load("quota-drop-2")
+    held, held_bytes, pending = (
+        f"fg:quota:{{t}}:{k}" for k in ("held", "held_bytes", "held_pending")
+    )
+    for rid, stored, after in (("a", "1", "100"), ("b", "0", "0")):
+        redis_sync.delete(held, held_bytes, pending)
+        assert redis_sync.eval(reserve.source, 2, held_bytes, pending, "100", "0", "60", rid) == 100
+        assert redis_sync.eval(drop.source, 2, pending, held_bytes, rid, "100") == 100
+        memory = f"fg:quota:{{t}}:req:{rid}"
+        args = ('["j","s"]', "100", stored, "60", "60000", rid)
+        assert redis_sync.eval(settle.source, 4, held, held_bytes, memory, pending, *args) == 1
+        assert redis_sync.get(held_bytes) == after, rid
