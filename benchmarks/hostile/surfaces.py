@@ -41,12 +41,14 @@ def output_quota_keys() -> Config:
     """The per-tenant output quotas when this tree has them (an older tree has none); the
     outputs surfaces pick them up without an edit."""
     keys = {"output_bytes": OUTPUT_QUOTA_MB * MiB, "output_objects": OUTPUT_OBJECTS}
-    known = {k: v for k, v in keys.items() if k in QuotaSettings.model_fields}
+    # 0 is no quota (as in the settings): the floor is then the cap under test
+    known = {k: v for k, v in keys.items() if v > 0 and k in QuotaSettings.model_fields}
     return {"quotas": {"tenants": {"a": known}}} if known else {"quotas": {}}
 
 
-def has_output_quota() -> bool:
-    return bool(output_quota_keys()["quotas"])  # A's caps; B keeps the defaults
+def has_output_quota(key: str = "output_bytes") -> bool:
+    """Whether A's outputs are capped per tenant by ``quotas.<key>`` (B keeps the defaults)."""
+    return key in output_quota_keys()["quotas"].get("tenants", {}).get("a", {})
 
 
 async def _raw_answer(reader: asyncio.StreamReader) -> tuple[int, str]:
@@ -675,14 +677,14 @@ class OutputObjects(Surface):
 
     @property
     def cap_text(self) -> str:  # type: ignore[override]
-        quota = "`quotas.output_objects`" if has_output_quota() else "none per tenant yet"
+        quota = "`quotas.output_objects`" if has_output_quota("output_objects") else "none"
         return f"{quota}; `outputs.uploads_per_tenant` (8) bounds the rate"
 
     def config(self, tmp: Path) -> Config:
         return output_quota_keys()
 
     def armed(self, run: Run) -> bool:
-        return not has_output_quota() or self.saw(run, "429 quota_exceeded")
+        return not has_output_quota("output_objects") or self.saw(run, "429 quota_exceeded")
 
     async def setup(self, run: Run) -> None:
         run.b_checks.append(lambda: self.check_b_stored(run))
@@ -719,14 +721,16 @@ class OutputBytes(Surface):
 
     room_mb = 128  # --outputs-budget-mb
 
-    @property
-    def budget_mb(self) -> int:
+    def room(self, free_mb: int) -> int:
         """What may be written before the floor (the floor is set that far below the free
-        space at start). With an output quota, at least 8 times A's quota: the quota holds A,
-        and other writers on a shared volume (a CI machine, other processes) do not bring the
-        floor, which is every tenant's, into B's run."""
+        space at start). Without an output quota the floor is the cap under test, and A must
+        reach it: ``room_mb``. With one, the quota holds A and the floor is only the backstop:
+        at least 8 times A's quota and three quarters of the free space, because the volume
+        may be shared (a CI machine's disk is thin-provisioned: other machines' writes take
+        its free space, seen at 287 MiB) and the floor, which is every tenant's, must not come
+        into B's run by anyone else's writes."""
         if has_output_quota():
-            return max(self.room_mb, 8 * OUTPUT_QUOTA_MB)
+            return max(self.room_mb, 8 * OUTPUT_QUOTA_MB, free_mb * 3 // 4)
         return self.room_mb
 
     def armed(self, run: Run) -> bool:
@@ -737,9 +741,10 @@ class OutputBytes(Surface):
     @property
     def cap_text(self) -> str:  # type: ignore[override]
         quota = "`quotas.output_bytes`, " if has_output_quota() else ""
+        room = "3/4 of" if has_output_quota() else f"{self.room_mb} MiB below"
         return (
-            f"{quota}`outputs.min_free_mb` ({self.budget_mb} MiB below the free space at start), "
-            "`outputs.max_bytes` (1 MiB)"
+            f"{quota}`outputs.min_free_mb` + `redis.min_free_mb` ({room} the free space at "
+            "start), `outputs.max_bytes` (1 MiB)"
         )
 
     @property
@@ -750,9 +755,15 @@ class OutputBytes(Surface):
 
     def config(self, tmp: Path) -> Config:
         free_mb = shutil.disk_usage(tmp).free // MiB
-        redis_floor = 256  # redis.min_free_mb (default): added when on the same volume
-        floor = max(0, free_mb - redis_floor - self.budget_mb)
-        return merge({"outputs": {"min_free_mb": floor, "max_bytes": MiB}}, output_quota_keys())
+        floor = max(0, free_mb - self.room(free_mb))
+        # the embedded Redis's floor is added to the file store's on the same volume: split
+        # the floor between them so that a small free space does not put it above `free_mb`
+        redis_floor = min(256, floor)
+        return merge(
+            {"outputs": {"min_free_mb": floor - redis_floor, "max_bytes": MiB},
+             "redis": {"min_free_mb": redis_floor}},
+            output_quota_keys(),
+        )  # fmt: skip
 
     async def setup(self, run: Run) -> None:
         run.b_checks.append(lambda: self.check_b_stored(run))
