@@ -252,7 +252,7 @@ class Quotas:
             stored = isinstance(outcome, Queued)
             if isinstance(outcome, StoreUnavailable):
                 stored = bool(outcome.fields.get("may_have_been_queued"))
-            await self._settle_payload(keys, call.step, gate.hold, stored)
+            self._settle_payload(keys, call.step, gate.hold, stored)
         if isinstance(outcome, Replay | InProgress | Unresolved):
             return  # nothing was written for this call: never charged
         index, left = self._window()
@@ -353,15 +353,19 @@ class Quotas:
                 break
         return None
 
-    async def _settle_payload(
-        self, keys: JobKeys, step: str, hold: PayloadHold, stored: bool
-    ) -> None:
-        try:
-            await self._counters.settle_payload(
-                keys, step, hold.charge, hold.reservation, stored=stored
-            )
-        except StoreUnavailable:
-            log.warning("quota_settle_failed", job_id=keys.job_id, step=step)
+    def _settle_payload(self, keys: JobKeys, step: str, hold: PayloadHold, stored: bool) -> None:
+        """Settle the reservation off the call's path (queued in this tick's pipeline): the
+        answer does not wait for it. Until it lands the charge stays counted, as the open
+        reservation; one that never lands is given back by the reconciliation."""
+        future = self._counters.settle_payload(
+            keys, step, hold.charge, hold.reservation, stored=stored
+        )
+
+        def settled(future: asyncio.Future[Any]) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                log.warning("quota_settle_failed", job_id=keys.job_id, step=step)
+
+        future.add_done_callback(settled)
 
     async def reconcile(self, tenant: str) -> int:
         """Give back the charges of held payloads that left Redis; returns bytes freed (at

@@ -123,15 +123,17 @@ class QuotaCounters:
         reply = await self._int(RESERVE, keys, [amount, cap, self._ttl, reservation])
         return "" if reply == OVER_CAP else reservation
 
-    async def settle_payload(
+    def settle_payload(
         self, keys: JobKeys, step: str, charge: int, reservation: str, *, stored: bool
-    ) -> None:
+    ) -> asyncio.Future[Any]:
         """A payload reservation after the decision: ``stored`` (queued) the step holds
-        ``charge``, else it is given back; the reservation is closed."""
+        ``charge``, else it is given back; the reservation is closed. Queued in this tick's
+        pipeline, not waited for: a future whose failure is the caller's to log (the
+        reservation then stays open until the reconciliation gives it back)."""
         p = quota_prefix(keys.tenant)
         memory = f"{p}:req:{new_request_id()}"
         args = [held_member(keys.job_id, step), charge, "1" if stored else "0", self._ttl]
-        await self._int(
+        return self._eval(
             SETTLE,
             [f"{p}:held", f"{p}:held_bytes", memory, f"{p}:held_pending"],
             [*args, RESEND_MEMORY_MS, reservation],
