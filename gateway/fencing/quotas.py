@@ -160,6 +160,8 @@ class PayloadHold:
 
     charge: int
     reservation: str
+    # the reply of a reservation queued with the admit (the admit checks it: Gate.reservation)
+    queued: asyncio.Future[Any] | None = None
 
 
 _NO_HOLD = CheckpointHold()
@@ -239,16 +241,45 @@ class Quotas:
                 closed += letter
         hold = None
         if call.payload_bytes and caps.payload and "e" not in closed:
+            if self._counters.folds:  # in the admit's pipeline; the admit checks it was made
+                charge = call.payload_bytes + PAYLOAD_OVERHEAD
+                reservation, pending, queued = self._counters.reserve_queued(
+                    call.keys.tenant, "held", charge, caps.payload
+                )
+                queued.add_done_callback(_looked_at)  # its failure is the admit's too
+                hold = PayloadHold(charge, reservation, queued)
+                return Gate(closed, hold, (pending, reservation))
             hold = await self._reserve_payload(call.keys.tenant, call.payload_bytes, caps.payload)
             if hold is None:
                 closed += "p"
         return Gate(closed, hold) if closed or hold else OPEN
+
+    async def refolded(self, call: AdmitCall, gate: Gate) -> Gate:
+        """The admit found the reservation it checked not made (over the cap; or run after
+        it, in another batch): a reservation that was made is given back, then the payload is
+        reserved again the waiting way (after one reconciliation when over the cap)."""
+        hold = gate.hold
+        assert isinstance(hold, PayloadHold) and hold.queued is not None
+        await asyncio.wait([hold.queued])  # made or not (its reply may be lost): settled after
+        # given back before the reservation below (not made: the settlement changes nothing)
+        settled = self._counters.settle_payload(
+            call.keys, call.step, hold.charge, hold.reservation, stored=False
+        )
+        await asyncio.wait([settled])
+        if not settled.cancelled() and settled.exception() is not None:  # given back later
+            log.warning("quota_settle_failed", job_id=call.keys.job_id, step=call.step)
+        cap = self.caps(call.keys.tenant).payload
+        again = await self._reserve_payload(call.keys.tenant, call.payload_bytes, cap)
+        return Gate(gate.closed + ("p" if again is None else ""), again)
 
     async def after(
         self, call: AdmitCall, gate: Gate, outcome: AdmitVerdict | BaseException
     ) -> None:
         keys, tenant = call.keys, call.keys.tenant
         if isinstance(gate.hold, PayloadHold):
+            if gate.hold.queued is not None and not gate.hold.queued.done():
+                # the settlement goes after its reservation (they may be in two batches)
+                await asyncio.wait([gate.hold.queued])
             stored = isinstance(outcome, Queued)
             if isinstance(outcome, StoreUnavailable):
                 stored = bool(outcome.fields.get("may_have_been_queued"))
@@ -559,3 +590,10 @@ class Quotas:
         log.warning(
             "quota_exceeded", tenant=keys.tenant, quota=quota, suppressed_since_last=suppressed
         )
+
+
+def _looked_at(future: asyncio.Future[Any]) -> None:
+    """A queued reservation's reply is read by its admit's verdict, not here: its error (a
+    batch that failed) is the admit's error too, so it is only marked retrieved."""
+    if not future.cancelled():
+        future.exception()

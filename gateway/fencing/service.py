@@ -46,7 +46,7 @@ from gateway.core.records import (
     Queued,
     Replay,
 )
-from gateway.fencing.admission import OPEN, Admission, AdmitCall
+from gateway.fencing.admission import OPEN, Admission, AdmitCall, Gate
 from gateway.fencing.dispatch import Dispatcher
 from gateway.fencing.relay import Relay
 from gateway.runtime.metrics import Metrics
@@ -178,22 +178,29 @@ class EffectService:
         if admission is not None:
             call = AdmitCall(keys, step, worker_id or "", adapter_name, len(payload_json))
             gate = await admission.before(call)
-        if "p" in gate.closed:  # no new queue entry: the payload would only be refused there
-            payload_json = "-"
+        fields: dict[str, Any] = {
+            "generation": generation,
+            "intent_sha256": digest,
+            "adapter": adapter_name,
+            "operation": operation,
+            "worker_id": worker_id or "",
+            "resolvable": adapter.capabilities.can_resolve,
+            "by": by,
+        }
         try:
             verdict = await self._admit(
-                keys,
-                step,
-                generation=generation,
-                intent_sha256=digest,
-                adapter=adapter_name,
-                operation=operation,
-                worker_id=worker_id or "",
-                resolvable=adapter.capabilities.can_resolve,
-                payload_json=payload_json,
-                by=by,
-                closed=gate.closed,
+                keys, step, payload_json=_sent(payload_json, gate), **_gated(gate), **fields
             )
+            if (
+                admission is not None
+                and gate.reservation[0]
+                and isinstance(verdict, OverQuota)
+                and verdict.quota == "payload_bytes"
+            ):  # the reservation the script checked was not made: decided again, waiting
+                gate = await admission.refolded(call, gate)
+                verdict = await self._admit(
+                    keys, step, payload_json=_sent(payload_json, gate), **_gated(gate), **fields
+                )
         except BaseException as exc:
             if admission is not None:
                 await admission.after(call, gate, exc)
@@ -310,3 +317,14 @@ class EffectService:
             "Redis did not answer the admit; nothing was sent for this call. If the admit ran, "
             "the step is released as soon as Redis answers again.",
         ) from failure
+
+
+def _sent(payload_json: str, gate: Gate) -> str:
+    """The payload the admit is sent: a placeholder when it would only be refused there (no
+    new queue entry: the tenant's payload bytes are used up)."""
+    return "-" if "p" in gate.closed else payload_json
+
+
+def _gated(gate: Gate) -> dict[str, Any]:
+    """The admit's arguments from the admission's gate."""
+    return {"closed": gate.closed, "reservation": gate.reservation}

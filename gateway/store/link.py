@@ -51,10 +51,12 @@ from gateway.store.replies import Reply
 from gateway.store.router import ClusterRouter
 from gateway.store.scripts import (
     MARKER_MISSING,
+    PLAIN_NAMES,
     SCRIPT_NAMES,
     UNINITIALISED,
     PlainScript,
     lua_source,
+    plain_source,
 )
 
 T = TypeVar("T")
@@ -276,6 +278,10 @@ class RedisLink:
                 sha = await self._client.script_load(source)
                 if sha != self._shas[name]:  # pragma: no cover - Redis and hashlib disagree
                     raise RuntimeError("script SHA mismatch")
+            # the plain ones too: a NOSCRIPT is sent again as EVAL after the rest of its batch,
+            # and a payload reservation must run before the admit that checks it
+            for name in PLAIN_NAMES:
+                await self._client.script_load(plain_source(name))
 
         await self.guard(load)
         await self.guard(self.learn_clock)

@@ -72,7 +72,11 @@ class QuotaCounters:
         retention_seconds: int,
         window_ttl_seconds: int,
         clock: Callable[[], int],
+        folds: bool = False,
     ) -> None:
+        # a payload reservation can be checked by the admit in the same pipeline (standalone
+        # Redis: the tenant's keys are reachable from the job's script; not on a Cluster)
+        self.folds = folds
         self._clock = clock  # Redis's clock, unix ms (the reservations' age)
         self._client = client
         self._batcher = batcher
@@ -117,11 +121,23 @@ class QuotaCounters:
     async def reserve(self, tenant: str, pool: Pool, amount: int, cap: int) -> str:
         """Reserve ``amount`` bytes of ``pool``: the reservation's id, which its settlement
         closes; '' (nothing reserved) over ``cap``."""
+        reservation, _, future = self.reserve_queued(tenant, pool, amount, cap)
+        with redis_errors():
+            reply = int(await future)
+        return "" if reply == OVER_CAP else reservation
+
+    def reserve_queued(
+        self, tenant: str, pool: Pool, amount: int, cap: int
+    ) -> tuple[str, str, asyncio.Future[Any]]:
+        """The same reservation, queued in this tick's pipeline and not waited for:
+        ``(its id, the pool's open reservations key, a future of its reply)``. A script sent
+        after it in the same tick sees it made (or not: over the cap) in that key
+        (:attr:`folds`: the admit's payload check)."""
         p = quota_prefix(tenant)
         reservation = f"{self._clock():x}.{new_request_id()}"
         keys = [f"{p}:{pool}_bytes", f"{p}:{pool}_pending"]
-        reply = await self._int(RESERVE, keys, [amount, cap, self._ttl, reservation])
-        return "" if reply == OVER_CAP else reservation
+        future = self._eval(RESERVE, keys, [amount, cap, self._ttl, reservation])
+        return reservation, keys[1], future
 
     def settle_payload(
         self, keys: JobKeys, step: str, charge: int, reservation: str, *, stored: bool

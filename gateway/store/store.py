@@ -388,6 +388,7 @@ class Decisions:
         by: str = "",
         run_before_ms: int | None = None,
         closed: str = "",
+        reservation: tuple[str, str] = ("", ""),
     ) -> AdmitVerdict:
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
 
@@ -396,7 +397,9 @@ class Decisions:
         too (the first send's bound, see :meth:`RedisLink.run_bounded`: a copy arriving later
         does nothing).
         ``closed``: the tenant's used-up quotas (admit-6's ARGV[19]; 'r' is its ARGV[8]) ->
-        ``OverQuota``.
+        ``OverQuota``. ``reservation``: (the tenant's open payload reservations, this call's
+        reservation id), sent in the same pipeline just before (admit-6's ARGV[20] and [21]):
+        not open there -> ``OverQuota('payload_bytes')`` for a call that would queue.
         """
         dispatch_id = dispatch_id or scripts.new_dispatch_id()
         reply = await self._link.run_bounded(
@@ -425,7 +428,7 @@ class Decisions:
             ),
             dispatch_id,
             run_before_ms,
-            (closed,),
+            (closed, *reservation),
         )
         code = int(reply[0])
         if len(reply) == _REGISTERED_LAST.get(code) and reply[-1]:  # implicit registration
@@ -694,6 +697,7 @@ class Store:
             retention_seconds=retention_seconds,
             window_ttl_seconds=window_ttl_seconds,
             clock=self.link.redis_clock_ms,
+            folds=self.link.feeds_in_script,
         )
 
     async def close(self) -> None:

@@ -9,9 +9,12 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from gateway.http import appkeys as K
-from gateway.store import quota_counters
-from tests.support.wire import WireProxy
+from gateway.store import batching, quota_counters
+from tests.support.calls import put_checkpoint
+from tests.support.wire import Fault, WireProxy
 
 
 async def test_a_zombie_flood_cannot_spend_the_live_workers_quota(make_gateway: Any) -> None:
@@ -222,13 +225,14 @@ async def test_a_lost_reply_to_a_payload_reservation_or_settlement_counts_once(
         assert await held_bytes_match(int(step[1:]) + 1), script.name
 
 
-async def test_a_reservation_whose_every_reply_was_lost_is_given_back_once_abandoned(
+async def test_a_payload_reservation_and_its_admit_whose_replies_were_all_lost_count_once(
     make_gateway: Any, wire: WireProxy, redis_sync: Any
 ) -> None:
-    """Redis ran the reservation, and its reply was lost on the first send and on both
-    re-sends: the call answers 503, the reservation is counted once and stays open (no
-    settlement knows it); the reconciliation gives it back once it is older than
-    ``ABANDONED_AFTER_MS`` on Redis's clock."""
+    """The reservation goes in the admit's pipeline, just before it (standalone Redis), and
+    the admit checks it was made. Both ran, and their replies were lost on the first send
+    and on both re-sends of the batch: the admit, sent again on its own with its request id,
+    learns that it queued the step (202); the settlement counts the payload as held, once,
+    and closes the reservation."""
     gw = await make_gateway(redis={"url": wire.url}, quotas={"payload_bytes": 100_000})
     gw.app[K.SERVICE].relay.stop()
     assert (await gw.register("j", generation=1)).status == 201
@@ -237,20 +241,77 @@ async def test_a_reservation_whose_every_reply_was_lost_is_given_back_once_aband
     assert (
         await gw.effect("j", "p0", 1, adapter="dead", payload=blob, headers=async_)
     ).status == 202
-    baseline = int(redis_sync.get("fg:quota:{default}:held_bytes"))
     lost = [wire.on_reply_to(quota_counters.RESERVE.sha.encode(), "lose", skip=0) for _ in range(3)]
     resp = await gw.effect("j", "p1", 1, adapter="dead", payload=blob, headers=async_)
+    assert resp.status == 202, await resp.text()
+    assert all(rule.fired.is_set() for rule in lost)
+    assert redis_sync.hget("fg:{default/j}:fx:p1", "state") == "pending"  # queued
+    for _ in range(250):  # the settlement is not waited for by the call
+        if not redis_sync.hlen("fg:quota:{default}:held_pending"):
+            break
+        await asyncio.sleep(0.02)
+    held = redis_sync.hgetall("fg:quota:{default}:held")
+    assert sorted(held) == ['["j","p0"]', '["j","p1"]']
+    assert int(redis_sync.get("fg:quota:{default}:held_bytes")) == sum(map(int, held.values()))
+
+
+async def test_a_payload_reservation_that_runs_after_its_admit_still_admits_the_call_once(
+    make_gateway: Any, wire: WireProxy, redis_sync: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every command in a batch of its own (as when a tick has more than a batch holds), and
+    the reservation's request held on the wire: the admit runs first and finds it not made
+    (``payload_bytes``, nothing written). The reservation, made meanwhile, is given back, the
+    payload reserved again the waiting way and the call admitted: 202, counted once."""
+    monkeypatch.setattr(batching, "MAX_BATCH", 1)
+    gw = await make_gateway(redis={"url": wire.url}, quotas={"payload_bytes": 30_000})
+    gw.app[K.SERVICE].relay.stop()
+    assert (await gw.register("j", generation=1)).status == 201
+    blob = {"blob": "x" * 20_000}
+    held = Fault("hold_request", quota_counters.RESERVE.sha.encode(), hold=0.3)
+    wire.arm(held, within=5)
+    resp = await gw.effect(
+        "j", "p1", 1, adapter="dead", payload=blob, headers={"Prefer": "respond-async"}
+    )
+    assert resp.status == 202, await resp.text()
+    assert held.hit_at  # the reservation was held, the admit ran before it
+    for _ in range(250):  # the settlement is not waited for by the call
+        if not redis_sync.hlen("fg:quota:{default}:held_pending"):
+            break
+        await asyncio.sleep(0.02)
+    stored = redis_sync.hgetall("fg:quota:{default}:held")
+    assert list(stored) == ['["j","p1"]']
+    assert int(redis_sync.get("fg:quota:{default}:held_bytes")) == int(stored['["j","p1"]'])
+
+
+async def test_a_reservation_whose_every_reply_was_lost_is_given_back_once_abandoned(
+    make_gateway: Any, wire: WireProxy, redis_sync: Any
+) -> None:
+    """A checkpoint's reservation (awaited before the write) ran, and its reply was lost on
+    the first send and on both re-sends: the call answers 503, the reservation is counted
+    once and stays open (no settlement knows it); the reconciliation gives it back once it
+    is older than ``ABANDONED_AFTER_MS`` on Redis's clock."""
+    gw = await make_gateway(redis={"url": wire.url}, quotas={"checkpoint_bytes": 100_000})
+    assert (await gw.register("j", generation=1)).status == 201
+    blob = {"blob": "x" * 2_000}
+    assert (await put_checkpoint(gw, "c0", blob, 1, job="j")).status in (200, 201)
+    for _ in range(250):  # its settlement is not waited for by the call
+        if not redis_sync.hlen("fg:quota:{default}:ckpt_pending"):
+            break
+        await asyncio.sleep(0.02)
+    baseline = int(redis_sync.get("fg:quota:{default}:ckpt_bytes"))
+    lost = [wire.on_reply_to(quota_counters.RESERVE.sha.encode(), "lose", skip=0) for _ in range(3)]
+    resp = await put_checkpoint(gw, "c1", blob, 1, job="j")
     assert resp.status == 503, await resp.text()
     assert all(rule.fired.is_set() for rule in lost)
-    pending = redis_sync.hgetall("fg:quota:{default}:held_pending")
+    pending = redis_sync.hgetall("fg:quota:{default}:ckpt_pending")
     [(reservation, charge)] = pending.items()
-    assert int(redis_sync.get("fg:quota:{default}:held_bytes")) == baseline + int(charge)
+    assert int(redis_sync.get("fg:quota:{default}:ckpt_bytes")) == baseline + int(charge)
     quotas = gw.app[K.QUOTAS]
-    assert await quotas.reconcile("default") == 0  # open, and young: kept
+    assert await quotas.reconcile_checkpoints("default") == 0  # open, and young: kept
     made = gw.app[K.STORE].redis_clock_ms() - quota_counters.ABANDONED_AFTER_MS - 1000
-    redis_sync.hdel("fg:quota:{default}:held_pending", reservation)
-    redis_sync.hset("fg:quota:{default}:held_pending", f"{made:x}.x", charge)
+    redis_sync.hdel("fg:quota:{default}:ckpt_pending", reservation)
+    redis_sync.hset("fg:quota:{default}:ckpt_pending", f"{made:x}.x", charge)
     await asyncio.sleep(1.05)  # a tenant is reconciled at most once a second
-    assert await quotas.reconcile("default") == int(charge)
-    assert int(redis_sync.get("fg:quota:{default}:held_bytes")) == baseline
-    assert redis_sync.hgetall("fg:quota:{default}:held_pending") == {}
+    assert await quotas.reconcile_checkpoints("default") == int(charge)
+    assert int(redis_sync.get("fg:quota:{default}:ckpt_bytes")) == baseline
+    assert redis_sync.hgetall("fg:quota:{default}:ckpt_pending") == {}

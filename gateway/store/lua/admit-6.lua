@@ -29,6 +29,11 @@
              dispatch or queue entry (effects_per_window), 'p' no new queue entry
              (payload_bytes; ARGV[16] is then a placeholder, never stored); '' none (a
              rejection answered but not audited is ARGV[8])
+    ARGV[20] the tenant's open payload reservations fg:quota:{<tenant>}:held_pending, or ''
+             (quota-reserve-2; '' on a Cluster, where that key lives in another slot)
+    ARGV[21] the reservation of this call's payload there: the gateway sent it in the same
+             pipeline, just before this call; not open (refused, or not run yet) is
+             'payload_bytes' for a call that would queue, as ARGV[19]'s 'p'
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
@@ -108,6 +113,10 @@ local dirty = false  -- this call changed the step already (a dispatch past its 
 local function over(queues)
   if string.find(closed, 'e', 1, true) then return 'effects_per_window' end
   if queues and string.find(closed, 'p', 1, true) then return 'payload_bytes' end
+  local held = ARGV[20] or ''
+  if queues and held ~= '' and redis.call('HEXISTS', held, ARGV[21]) == 0 then
+    return 'payload_bytes'
+  end
   return nil
 end
 
