@@ -260,14 +260,16 @@ class Quotas:
         reserved again the waiting way (after one reconciliation when over the cap)."""
         hold = gate.hold
         assert isinstance(hold, PayloadHold) and hold.queued is not None
-        await asyncio.wait([hold.queued])  # made or not (its reply may be lost): settled after
-        # given back before the reservation below (not made: the settlement changes nothing)
-        settled = self._counters.settle_payload(
-            call.keys, call.step, hold.charge, hold.reservation, stored=False
-        )
-        await asyncio.wait([settled])
-        if not settled.cancelled() and settled.exception() is not None:  # given back later
-            log.warning("quota_settle_failed", job_id=call.keys.job_id, step=call.step)
+        await asyncio.wait([hold.queued])
+        if not self._counters.refused(hold.queued):
+            # made (or its reply lost): given back before the reservation below. One refused
+            # wrote nothing and is not settled: a flood of 429s stores nothing
+            settled = self._counters.settle_payload(
+                call.keys, call.step, hold.charge, hold.reservation, stored=False
+            )
+            await asyncio.wait([settled])
+            if not settled.cancelled() and settled.exception() is not None:  # given back later
+                log.warning("quota_settle_failed", job_id=call.keys.job_id, step=call.step)
         cap = self.caps(call.keys.tenant).payload
         again = await self._reserve_payload(call.keys.tenant, call.payload_bytes, cap)
         return Gate(gate.closed + ("p" if again is None else ""), again)
@@ -277,13 +279,14 @@ class Quotas:
     ) -> None:
         keys, tenant = call.keys, call.keys.tenant
         if isinstance(gate.hold, PayloadHold):
-            if gate.hold.queued is not None and not gate.hold.queued.done():
-                # the settlement goes after its reservation (they may be in two batches)
-                await asyncio.wait([gate.hold.queued])
-            stored = isinstance(outcome, Queued)
-            if isinstance(outcome, StoreUnavailable):
-                stored = bool(outcome.fields.get("may_have_been_queued"))
-            self._settle_payload(keys, call.step, gate.hold, stored)
+            queued = gate.hold.queued
+            if queued is not None:  # the settlement goes after its reservation (two batches)
+                await asyncio.wait([queued])
+            if queued is None or not self._counters.refused(queued):  # a refused one: nothing
+                stored = isinstance(outcome, Queued)
+                if isinstance(outcome, StoreUnavailable):
+                    stored = bool(outcome.fields.get("may_have_been_queued"))
+                self._settle_payload(keys, call.step, gate.hold, stored)
         if isinstance(outcome, Replay | InProgress | Unresolved):
             return  # nothing was written for this call: never charged
         index, left = self._window()

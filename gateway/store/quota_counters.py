@@ -139,6 +139,14 @@ class QuotaCounters:
         future = self._eval(RESERVE, keys, [amount, cap, self._ttl, reservation])
         return reservation, keys[1], future
 
+    @staticmethod
+    def refused(queued: asyncio.Future[Any]) -> bool:
+        """Whether a queued reservation's reply (done) says it was refused: it wrote nothing.
+        A failed or cancelled one may have run: not refused."""
+        return not queued.cancelled() and queued.exception() is None and (
+            int(queued.result()) == OVER_CAP
+        )
+
     def settle_payload(
         self, keys: JobKeys, step: str, charge: int, reservation: str, *, stored: bool
     ) -> asyncio.Future[Any]:

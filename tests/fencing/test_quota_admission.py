@@ -315,3 +315,28 @@ async def test_a_reservation_whose_every_reply_was_lost_is_given_back_once_aband
     assert await quotas.reconcile_checkpoints("default") == int(charge)
     assert int(redis_sync.get("fg:quota:{default}:ckpt_bytes")) == baseline
     assert redis_sync.hgetall("fg:quota:{default}:ckpt_pending") == {}
+
+
+async def test_a_flood_of_calls_refused_at_the_payload_cap_stores_nothing(
+    make_gateway: Any, redis_sync: Any
+) -> None:
+    """At its payload cap a tenant's async calls are refused (429): the reservation sent in
+    each admit's pipeline was refused and wrote nothing, so nothing settles it and no re-send
+    memory is kept for it: after 50 refusals there is no new key but the tenant's audit feed."""
+    gw = await make_gateway(quotas={"payload_bytes": 30_000})
+    gw.app[K.SERVICE].relay.stop()
+    assert (await gw.register("j", generation=1)).status == 201
+    async_ = {"Prefer": "respond-async"}
+    blob = {"blob": "x" * 20_000}
+    assert (await gw.effect("j", "p0", 1, adapter="dead", payload=blob, headers=async_)).status == 202
+    for _ in range(250):
+        if not redis_sync.hlen("fg:quota:{default}:held_pending"):
+            break
+        await asyncio.sleep(0.02)
+    before = sorted(redis_sync.keys("*"))
+    for i in range(50):
+        over = await gw.effect("j", f"q{i}", 1, adapter="dead", payload=blob, headers=async_)
+        assert over.status == 429, await over.text()
+    await asyncio.sleep(0.1)  # anything queued behind the answers has landed
+    new = [k for k in sorted(redis_sync.keys("*")) if k not in before]
+    assert new in ([], ["fg:audit:default"]), new  # the quota_exceeded entries (1 a second)
