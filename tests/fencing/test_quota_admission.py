@@ -328,7 +328,9 @@ async def test_a_flood_of_calls_refused_at_the_payload_cap_stores_nothing(
     assert (await gw.register("j", generation=1)).status == 201
     async_ = {"Prefer": "respond-async"}
     blob = {"blob": "x" * 20_000}
-    assert (await gw.effect("j", "p0", 1, adapter="dead", payload=blob, headers=async_)).status == 202
+    assert (
+        await gw.effect("j", "p0", 1, adapter="dead", payload=blob, headers=async_)
+    ).status == 202
     for _ in range(250):
         if not redis_sync.hlen("fg:quota:{default}:held_pending"):
             break
