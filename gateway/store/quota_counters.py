@@ -143,8 +143,10 @@ class QuotaCounters:
     def refused(queued: asyncio.Future[Any]) -> bool:
         """Whether a queued reservation's reply (done) says it was refused: it wrote nothing.
         A failed or cancelled one may have run: not refused."""
-        return not queued.cancelled() and queued.exception() is None and (
-            int(queued.result()) == OVER_CAP
+        return (
+            not queued.cancelled()
+            and queued.exception() is None
+            and (int(queued.result()) == OVER_CAP)
         )
 
     def settle_payload(
