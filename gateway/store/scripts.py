@@ -48,7 +48,7 @@ PLAIN_NAMES = (
     "ledger-reserve-3",
     "ledger-settle-3",
     "ledger-fix-3",
-    "anchor-snapshot-2",
+    "anchor-snapshots-2n",
     "witness-raise-2",
 )
 _INCLUDE = re.compile(r'^--- @include "includes/([a-z][a-z0-9_-]*)"\s*$', re.M)

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from gateway.store import anchors, link, output_records, quota_counters
+from gateway.store.keys import JobKeys
 from gateway.store.scripts import PLAIN_NAMES, PlainScript, ScriptSourceError, plain_source
 
 PLAIN = Path(__file__).resolve().parents[2] / "gateway" / "store" / "lua" / "plain"
@@ -23,8 +25,16 @@ def test_every_plain_script_is_a_file_named_for_its_keys() -> None:
     for name in PLAIN_NAMES:
         body = (PLAIN / f"{name}.lua").read_text()
         assert body.startswith("--[[\n"), name  # the contract header
-        used = {int(k) for k in re.findall(r"KEYS\[(\d+)\]", _CODE.sub("", body))}
-        assert used == set(range(1, int(name.rsplit("-", 1)[1]) + 1)), name
+        code = _CODE.sub("", body)
+        count = name.rsplit("-", 1)[1]
+        if count.endswith("n"):  # k keys per item, indexed in a loop: KEYS[k * i - m]
+            k = int(count[:-1])
+            used = set(re.findall(r"KEYS\[(\d+) \* i(?: - (\d+))?\]", code))
+            assert used == {(str(k), str(m) if m else "") for m in range(k)}, name
+            assert not re.findall(r"KEYS\[\d+\]", code), name
+            continue
+        used = {int(k) for k in re.findall(r"KEYS\[(\d+)\]", code)}
+        assert used == set(range(1, int(count) + 1)), name
 
 
 def test_a_plain_script_runs_without_the_prelude() -> None:
@@ -140,3 +150,31 @@ def test_a_settlement_after_its_reservation_was_given_back_counts_it_again(
         args = ('["j","s"]', "100", stored, "60", "60000", rid)
         assert redis_sync.eval(settle.source, 4, held, held_bytes, memory, pending, *args) == 1
         assert redis_sync.get(held_bytes) == after, rid
+
+
+def test_the_snapshot_of_a_chunk_of_jobs_is_each_jobs_own_snapshot(
+    redis_sync: redis.Redis,
+) -> None:
+    """``anchor-snapshots-2n`` with three jobs at once answers, per job in order, what it
+    answers for that job alone: a chain whose head names its newest entry, one whose seen
+    entry was deleted, and a job with no chain at all."""
+    script = PlainScript.load("anchor-snapshots-2n")
+    jobs = [JobKeys("t", f"j{i}") for i in range(3)]
+    ids = [redis_sync.xadd(jobs[i].audit, {"n": str(n)}) for i in (0, 1) for n in (1, 2)]
+    redis_sync.hset(jobs[0].job, mapping={"audit_head": "h0", "audit_last": ids[1]})
+    redis_sync.hset(jobs[1].job, mapping={"audit_head": "h1", "audit_last": ids[3]})
+    redis_sync.xdel(jobs[1].audit, ids[2])
+    seen = [ids[0], ids[2], "1-1"]
+
+    def snapshot(chunk: list[int]) -> list[Any]:
+        keys = [k for i in chunk for k in (jobs[i].job, jobs[i].audit)]
+        return list(redis_sync.evalsha(script.sha, len(keys), *keys, *[seen[i] for i in chunk]))
+
+    redis_sync.script_load(script.source)
+    alone = [snapshot([i]) for i in range(3)]
+    assert alone == [
+        ["h0", ids[1], 2, ids[1], 1],
+        ["h1", ids[3], 1, ids[3], 0],
+        [None, None, 0, None, 0],
+    ]
+    assert snapshot([0, 1, 2]) == [v for one in alone for v in one]
