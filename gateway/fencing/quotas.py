@@ -89,6 +89,7 @@ second (a flood is summarised by a ``suppressed`` count in the next entry).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -191,8 +192,12 @@ class Quotas:
         self._expiring: dict[tuple[str, Window], int] = {}
         self._reconciled: dict[tuple[str, Pool], float] = {}
         self._audited: dict[tuple[str, str], tuple[float, int]] = {}
+        # a tenant's caps and its rejections' metric children, per call otherwise (the
+        # settings do not change while the process runs; bounded like the metric's labels)
+        self.caps = functools.lru_cache(maxsize=4096)(self._caps)
+        self._rejected = functools.lru_cache(maxsize=8192)(metrics.quota_rejections.labels)
 
-    def caps(self, tenant: str) -> Caps:
+    def _caps(self, tenant: str) -> Caps:
         own = self._settings.tenants.get(tenant)
         s = self._settings
         if own is None:
@@ -296,7 +301,7 @@ class Quotas:
                 self._charge(tenant, "fx", index)
         elif isinstance(outcome, Rejection):
             audited = "r" not in gate.closed
-            self._metrics.quota_rejections.labels(tenant, "true" if audited else "false").inc()
+            self._rejected(tenant, "true" if audited else "false").inc()
             if caps.rejections:
                 self._charge(tenant, "rj", index)
             if not audited:  # past the cap: a summary entry (at most one a second)
@@ -553,7 +558,7 @@ class Quotas:
         """Count one rejection of a heartbeat, checkpoint, completion, output stage or bad
         token (the effect calls are counted by :meth:`after`); past the cap, the summary."""
         tenant = keys.tenant
-        self._metrics.quota_rejections.labels(tenant, "true" if audited else "false").inc()
+        self._rejected(tenant, "true" if audited else "false").inc()
         if self.caps(tenant).rejections:
             self._charge(tenant, "rj", self._window()[0])
         if not audited:

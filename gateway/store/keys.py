@@ -208,7 +208,11 @@ class JobKeys:
         return attention_index(self.slot)
 
     def member(self, step: str) -> str:
-        """This step's member in the relay queue and the tenant's hint."""
+        """This step's member in the relay queue and the tenant's hint: the compact JSON array
+        ``[tenant, job, step]`` (names need no escaping: written directly, else by json)."""
+        joined = self.tenant + self.job_id + step
+        if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
+            return '["' + self.tenant + '","' + self.job_id + '","' + step + '"]'
         return json.dumps([self.tenant, self.job_id, step], separators=(",", ":"))
 
     def req(self, request_id: str) -> str:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.store.keys import SLOTS, JobKeys, key_slot, slot_marker, slot_tags
 
@@ -29,3 +33,13 @@ def test_job_keys_share_one_slot_with_their_marker() -> None:
     assert {key_slot(t) for t in tags} == {key_slot("acme/job-1")}
     assert k.marker == slot_marker(key_slot("acme/job-1"))
     assert JobKeys("other", "job-1").job != k.job
+
+
+@given(st.text(max_size=20), st.text(max_size=20), st.text(max_size=20))
+def test_a_steps_member_is_the_compact_json_of_tenant_job_and_step(
+    tenant: str, job: str, step: str
+) -> None:
+    """The relay queue's and the hints' member: the text json writes, whatever the names
+    hold (names written directly when nothing in them needs escaping)."""
+    expected = json.dumps([tenant, job, step], separators=(",", ":"))
+    assert JobKeys(tenant, job).member(step) == expected
