@@ -32,10 +32,11 @@ For the completion service (the signature the ``completion`` branch codes agains
     ) -> list[str]
 
 records the outputs of ``generation`` that were staged through a pre-signed URL and are
-not recorded yet: it reads each object once (size, sha256, content type from the store's
-metadata; the sha256 needs the read), then runs the fenced record. It returns the names
-it recorded now; a missing object, an output that is not presigned-staged, or a record
-the fence refuses is left alone (the completion script decides and audits).
+not recorded yet: it copies each staged object (the URL's own staging key) to the output's
+key, hashing the bytes it writes, then runs the fenced record and deletes the staged
+object (:mod:`gateway.fencing.outputs_presigned`). It returns the names it recorded now; a
+missing object, an output that is not presigned-staged, or a record the fence refuses is
+left alone (the completion script decides and audits).
 """
 
 from __future__ import annotations
