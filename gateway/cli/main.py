@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
             "after_dispatch",
             "after_record",
             "after_output_write",
+            "after_presigned_copy",
         ],
         help=argparse.SUPPRESS,
     )

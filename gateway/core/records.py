@@ -162,6 +162,8 @@ class OutputRecord:
     upload: str
     deadline_ms: int
     worker_id: str
+    copy: str = ""  # a completion copying this pre-signed upload to ``key`` (its claim id)
+    copy_deadline_ms: int = 0  # until when that copy holds the entry
 
     @property
     def at_ms(self) -> int | None:
@@ -194,6 +196,8 @@ class OutputRecord:
                 upload=str(d.get("upload", "")),
                 deadline_ms=int(d.get("deadline") or 0),
                 worker_id=str(d.get("worker_id", "")),
+                copy=str(d.get("copy") or ""),
+                copy_deadline_ms=int(d.get("copy_deadline") or 0),
             )
         except (TypeError, ValueError) as exc:  # a field of another type (a list for a size)
             raise ValueError(f"output record {field!r}: {exc}") from exc

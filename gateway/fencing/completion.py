@@ -6,8 +6,8 @@ checked and the job is marked completed by that generation — its outputs promo
 one atomic step. The zombie's completion matches nothing and changes nothing.
 
 Before the script, outputs uploaded straight to the object store through a pre-signed
-URL are recorded (the object store is asked whether the object is there, then the
-fenced record script runs: :class:`OutputRecorder`). That step decides nothing: the
+URL are recorded (each staged object is copied to its output's key, then the fenced
+record script runs: :class:`OutputRecorder`). That step decides nothing: the
 completion script re-checks every condition itself, so a recorder that refuses (the
 fence moved) only leaves the verdict to the script, which audits it.
 

@@ -7,6 +7,10 @@ counters: ``fg:quota:{<tenant>}:out`` (object key -> bytes stored there),
 ``fg:quota:{<tenant>}:out_up`` (``"<object key> <upload id>"`` -> bytes reserved while that
 upload runs) and ``fg:quota:{<tenant>}:out_bytes`` (their sum), kept by
 :class:`gateway.store.output_records.OutputRecords` (its scripts are the only writes).
+
+A pre-signed URL's reservation is keyed by the staging key its URL writes
+(:func:`gateway.objects.signed_key`): it is held while the URL may still write
+(:func:`url_valid_until`), until the completion that copied its object deletes that object.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import structlog
 
 from gateway.core.errors import StoreUnavailable
 from gateway.core.records import OutputRecord
-from gateway.objects import ObjectStore, ObjectStoreError, parse_output_key
+from gateway.objects import ObjectStore, ObjectStoreError, parse_output_key, parse_signed_key
 from gateway.store.output_records import OutputRecords
 
-__all__ = ["OutputLedger", "new_upload_id"]
+__all__ = ["URL_SKEW_MS", "OutputLedger", "made_at_ms", "new_upload_id", "url_valid_until"]
 
 log = structlog.get_logger("fencegate.quotas")
 
@@ -40,6 +44,20 @@ def new_upload_id(now_ms: int) -> str:
     return f"{now_ms:x}{secrets.token_hex(4)}"
 
 
+# A pre-signed URL is signed to expire ``url_ms`` after its upload id was made (Redis's
+# clock, read through this host's); the store judges the expiry on its own clock. What may
+# still write through a URL is judged with this much to spare for those clocks' skew (hosts
+# kept in time by NTP).
+URL_SKEW_MS = 2_000
+
+
+def url_valid_until(upload: str, url_ms: int) -> int:
+    """Until when (unix ms, Redis's clock) a pre-signed URL of ``upload``, valid ``url_ms``,
+    may still write its staging key (:meth:`OutputService.upload_url` signs it to expire
+    ``url_ms`` after its id was made), with :data:`URL_SKEW_MS`."""
+    return made_at_ms(upload) + url_ms + URL_SKEW_MS
+
+
 def made_at_ms(upload: str) -> int:
     """When :func:`new_upload_id` made ``upload`` (0: an id of another form)."""
     try:
@@ -54,11 +72,17 @@ class OutputLedger:
     are :meth:`Quotas.reserve_output`'s."""
 
     def __init__(
-        self, records: OutputRecords, objects: ObjectStore, clock: Callable[[], int]
+        self,
+        records: OutputRecords,
+        objects: ObjectStore,
+        clock: Callable[[], int],
+        *,
+        url_ms: int,
     ) -> None:
         self._records = records
         self._objects = objects
         self._clock = clock  # Redis's clock, unix ms (Store.redis_clock_ms)
+        self.url_ms = url_ms  # how long a pre-signed URL is valid (outputs.upload_timeout_seconds)
         self._reconciled: dict[str, float] = {}
 
     async def reserve(
@@ -130,17 +154,27 @@ class OutputLedger:
         for key, charge in charged.items():
             if key not in listed:  # deleted: a key never receives an object again then
                 ops += ["o", key, charge]
+        reserved_keys = {field.rpartition(" ")[0] for field in reserved}
+        for key, size in listed.items():
+            if key not in charged and key not in reserved_keys:
+                # written with no charge left for it (a pre-signed URL used again after the
+                # completion gave its reservation back): charged from now on
+                ops += ["s", key, str(size)]
         for field, charge in reserved.items():
             key, _, upload = field.rpartition(" ")
-            entry = running.get(field)
-            if (
-                entry is not None
-                and (entry.upload, entry.state) == (upload, "staged")
-                and entry.deadline_ms > now_ms
-            ):
-                continue  # still running (or a pre-signed URL still valid)
-            if entry is None and now_ms - made_at_ms(upload) < RESERVATION_GRACE_MS:
-                continue  # reserved just now, not staged yet: its stage may be on its way
+            if parse_signed_key(key) is not None:
+                if url_valid_until(upload, self.url_ms) > now_ms:
+                    continue  # its URL may still write: held
+            else:
+                entry = running.get(field)
+                if (
+                    entry is not None
+                    and (entry.upload, entry.state) == (upload, "staged")
+                    and max(entry.deadline_ms, entry.copy_deadline_ms) > now_ms
+                ):
+                    continue  # still running (or a completion copying a pre-signed upload)
+                if entry is None and now_ms - made_at_ms(upload) < RESERVATION_GRACE_MS:
+                    continue  # reserved just now, not staged yet: its stage may be on its way
             ops += ["u", field, charge]
             if key in listed:
                 ops += ["s", key, str(listed[key])]

@@ -32,10 +32,11 @@ For the completion service (the signature the ``completion`` branch codes agains
     ) -> list[str]
 
 records the outputs of ``generation`` that were staged through a pre-signed URL and are
-not recorded yet: it reads each object once (size, sha256, content type from the store's
-metadata; the sha256 needs the read), then runs the fenced record. It returns the names
-it recorded now; a missing object, an output that is not presigned-staged, or a record
-the fence refuses is left alone (the completion script decides and audits).
+not recorded yet: it copies each staged object (the URL's own staging key) to the output's
+key, hashing the bytes it writes, then runs the fenced record and deletes the staged
+object (:mod:`gateway.fencing.outputs_presigned`). It returns the names it recorded now; a
+missing object, an output that is not presigned-staged, or a record the fence refuses is
+left alone (the completion script decides and audits).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -64,10 +65,16 @@ from gateway.core.errors import (
     UploadUrlUnsupported,
 )
 from gateway.core.records import OutputRecord
-from gateway.fencing.output_ledger import OutputLedger, new_upload_id
+from gateway.fencing.output_ledger import OutputLedger, made_at_ms, new_upload_id
 from gateway.fencing.outputs_presigned import record_presigned
 from gateway.fencing.quotas import OUTPUT_STEP, Quotas
-from gateway.objects import ObjectStore, ObjectStoreError, PreconditionFailed, output_key
+from gateway.objects import (
+    ObjectStore,
+    ObjectStoreError,
+    PreconditionFailed,
+    output_key,
+    signed_key,
+)
 from gateway.objects.space import CHECK_EVERY
 from gateway.runtime.settings import OutputSettings
 from gateway.store.keys import JobKeys
@@ -121,7 +128,15 @@ class OutputService:
         self.uploads: dict[str, int] = {}  # tenant -> uploads through this process running
         self.records = store.output_records  # the outputs hashes
         # what each tenant has in the store
-        self.ledger = OutputLedger(self.records, objects, store.redis_clock_ms)
+        # how long a pre-signed URL is valid
+        self.url_seconds = min(settings.upload_timeout_seconds, 7 * 86_400)
+        self.ledger = OutputLedger(
+            self.records, objects, store.redis_clock_ms, url_ms=int(self.url_seconds * 1000)
+        )
+
+    def crash_point(self, point: str) -> None:
+        """Chaos tests only (``serve --chaos-crash-at``): may SIGKILL this process here."""
+        self._crash(point)
 
     # -- the fenced scripts -------------------------------------------------------
 
@@ -188,19 +203,15 @@ class OutputService:
         by: str,
     ) -> tuple[str, str, int, int]:
         """Reserve ``amount`` (else ``at_least``) for a new upload of the output, then stage
-        it: ``(upload id, key, deadline ms, bytes reserved)``. A new pre-signed URL takes
-        over the reservation of the URL it replaces (one object at the key). A refused
-        stage gives the reservation back."""
-        key = output_key(keys.tenant, keys.job_id, gen, name)
+        it: ``(upload id, key, deadline ms, bytes reserved)``; ``key`` is where the upload
+        writes: the output's key, or for a pre-signed URL its own staging key
+        (:func:`signed_key`). Nothing is taken over from an earlier upload (an earlier URL may
+        still write its own staging key). A refused stage gives the reservation back."""
         upload = new_upload_id(self.store.redis_clock_ms())
-        # a put never takes over a URL's reservation (that URL may still write before the
-        # put's bytes land): a reconciliation gives it back once the put replaced the entry
-        prior = await self.entry(keys, gen, name) if presigned else None
-        replaced = (
-            prior.upload
-            if prior is not None and prior.state == "staged" and prior.presigned
-            else ""
-        )
+        if presigned:
+            key = signed_key(keys.tenant, keys.job_id, gen, upload, name)
+        else:
+            key = output_key(keys.tenant, keys.job_id, gen, name)
         try:
             reserved = await self._reserve(
                 quotas,
@@ -211,7 +222,6 @@ class OutputService:
                 amount,
                 worker_id,
                 at_least=at_least,
-                replaces=replaced if presigned else "",
             )
         except (asyncio.CancelledError, StoreUnavailable):
             # the reservation may have been made (a client gone or a reply lost after it ran)
@@ -305,10 +315,16 @@ class OutputService:
         content_type: str = "",
         etag: str = "",
         abandon: bool = False,
+        copy: str = "",
+        copy_op: Literal["", "copy", "uncopy"] = "",
     ) -> OutputRecord | None:
         """Record the upload ``upload`` of output ``name`` of generation ``gen`` under the
-        fence (``output-record-3``), or, ``abandon``, end a failed upload's claim. None: a later
-        upload replaced it; a fence's refusal raises its typed error (audited)."""
+        fence (``output-record-3``), or, ``abandon``, end a failed upload's claim. ``copy``:
+        the completion's copy of a pre-signed upload that wrote the output's key (its record
+        presents it); ``copy_op`` ``copy`` claims that copy for ``size`` ms (another one
+        running: ``OutputInProgress``), ``uncopy`` ends the claim. None: a later upload
+        replaced it (or another copy holds it); a fence's refusal raises its typed error
+        (audited)."""
         reply = await self.store.output_record(
             keys,
             generation=gen,
@@ -320,8 +336,16 @@ class OutputService:
             etag=etag,
             worker_id=worker_id,
             abandon=abandon,
+            copy=copy,
+            copy_op=copy_op,
         )
         code = int(reply[0])
+        if code == OutputRecordReply.IN_PROGRESS:
+            raise OutputInProgress(
+                f"the pre-signed upload of {name!r} by generation {gen} is being recorded by "
+                "another completion",
+                retry_after=max(1, -(-int(reply[1]) // 1000)),
+            )
         if code == OutputRecordReply.REJECTED:
             self.store.rejection_spent(keys, f"output:{name}", "", worker_id)  # always audited
             raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
@@ -549,14 +573,17 @@ class OutputService:
         quotas: Quotas | None = None,
     ) -> tuple[str, str, int]:
         """The same stage decision, then a pre-signed PUT URL: ``(url, key, expires ms)``.
-        ``outputs.max_bytes`` is reserved for it until it is recorded (at completion)."""
+        The URL writes its own staging key ``key`` (:func:`signed_key`), never the output's:
+        the completion copies the object from there (:mod:`gateway.fencing.outputs_presigned`),
+        so a PUT through the URL after it never reaches a promoted object.
+        ``outputs.max_bytes`` is reserved for it until that completion deletes the staged
+        object, else while the URL is valid."""
         if not self.objects.can_sign:
             raise UploadUrlUnsupported(
                 f"the {self.objects.kind!r} object store cannot sign URLs: upload with "
                 "PUT /v1/jobs/{job}/outputs/{name} through the gateway instead"
             )
-        seconds = min(self.settings.upload_timeout_seconds, 7 * 86_400)
-        # the reservation of a URL it replaces is taken over: one object at the key
+        seconds = self.url_seconds
         upload, key, deadline, _ = await self._charged_stage(
             keys,
             gen,
@@ -569,8 +596,14 @@ class OutputService:
             seconds=seconds,
             by=by,
         )
+        # it expires when its id says (url_valid_until, what the sweeper and the ledger judge
+        # by), not a full `seconds` after the reservation and the stage that came first
+        # (whole seconds, as S3 reads them: up to one more, within URL_SKEW_MS)
+        left = made_at_ms(upload) + int(seconds * 1000) - self.store.redis_clock_ms()
         try:
-            url = await self.objects.sign("PUT", key, seconds)
+            if left <= 0:
+                raise ObjectStoreError("the stage took longer than the URL's validity")
+            url = await self.objects.sign("PUT", key, -(-left // 1000))
         except ObjectStoreError as exc:
             await self.ledger.settle(keys.tenant, key, upload, None)  # no URL: no bytes
             raise ObjectStoreUnavailable(str(exc)) from exc

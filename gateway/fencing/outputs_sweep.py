@@ -19,6 +19,14 @@ reason          the object                                          deleted?
 ``unknown``     Redis knows no fence for its job or generation      counted only
 ==============  ==================================================  ============
 
+A pre-signed URL's staging object (``<tenant>/<job>/g<gen>/.signed/<upload>/<name>``,
+:func:`classify_signed`) is never promoted itself: the completion copies it to the output's
+key and deletes it. It is judged like any object of its generation (``completed``,
+``cancelled``, ``stale`` whatever its URL may still do: the next sweep deletes what the URL
+writes again), and of the current generation it is kept while its URL may still write
+(:func:`gateway.fencing.output_ledger.url_valid_until`), ``unrecorded`` after that (its
+completion may still copy it; a completion or a moved fence makes it deletable).
+
 Only the first three classes are deleted, and they are terminal: a completion, a
 cancellation and a fence never go back (a Redis that lost data fails closed: a missing
 durability marker stops the sweep), so once an object is in one of them no later
@@ -33,7 +41,8 @@ counted in ``fencegate_output_orphans``.
 
 What it deletes leaves the tenant's output quotas (:class:`gateway.fencing.output_ledger.
 OutputLedger`): an object's charge and the reservation of the upload its entry names, a
-staging file's upload reservation.
+staging file's upload reservation, and a pre-signed URL's reservation once the URL has
+expired (before that, the URL may write again).
 """
 
 from __future__ import annotations
@@ -49,8 +58,15 @@ import structlog
 
 from gateway.core.errors import StoreUnavailable
 from gateway.core.records import OutputRecord
+from gateway.fencing.output_ledger import url_valid_until
 from gateway.fencing.outputs import OutputService
-from gateway.objects import ObjectInfo, ObjectStoreError, parse_output_key, staged_key
+from gateway.objects import (
+    ObjectInfo,
+    ObjectStoreError,
+    parse_output_key,
+    parse_signed_key,
+    staged_key,
+)
 from gateway.runtime.metrics import Metrics
 from gateway.store.keys import JobKeys
 
@@ -127,9 +143,26 @@ def classify(gen: int, name: str, info: ObjectInfo, job: _JobState, now_ms: int)
     if entry is not None and entry.key == info.key:
         if entry.state == "recorded":
             return None
-        if entry.deadline_ms > now_ms:
-            return None  # an upload in flight (or a presigned URL still valid)
+        if max(entry.deadline_ms, entry.copy_deadline_ms) > now_ms:
+            return None  # an upload in flight (or a completion copying a presigned one)
     return "unrecorded"
+
+
+def classify_signed(gen: int, job: _JobState, now_ms: int, valid_until_ms: int) -> str | None:
+    """A pre-signed URL's staging object (module docstring): never the promoted one; of the
+    current generation kept until ``valid_until_ms`` (its URL may still write), then
+    ``unrecorded``."""
+    if not job.marker:
+        return "unknown"
+    if job.completed is not None:
+        return "completed"
+    if job.cancelled:
+        return "cancelled"
+    if job.fence is None or gen > job.fence:
+        return "unknown"
+    if gen < job.fence:
+        return "stale"
+    return None if valid_until_ms > now_ms else "unrecorded"
 
 
 def classify_staging(
@@ -172,10 +205,14 @@ async def sweep(
     try:
         async for info in outputs.objects.list():
             parsed = parse_output_key(info.key)
-            if parsed is None:
+            signed = parse_signed_key(info.key) if parsed is None else None
+            if signed is not None:
+                tenant, job, gen, _, name = signed
+            elif parsed is not None:
+                tenant, job, gen, name = parsed
+            else:
                 report.foreign += 1
                 continue
-            tenant, job, gen, name = parsed
             jobs[(tenant, job)].append((gen, name, info))
         for info in await outputs.objects.staging():
             parsed = parse_output_key(staged_key(info.key) or "")
@@ -188,8 +225,13 @@ async def sweep(
     for (tenant, job), objects in jobs.items():
         state = await _job_state(outputs, JobKeys(tenant, job))
         for gen, name, info in objects:
-            judge = classify_staging if "#" in info.key else classify
-            reason = judge(gen, name, info, state, now_ms)
+            signed = parse_signed_key(info.key)
+            if signed is not None:
+                valid_until = url_valid_until(signed[3], outputs.ledger.url_ms)
+                reason = classify_signed(gen, state, now_ms, valid_until)
+            else:
+                judge = classify_staging if "#" in info.key else classify
+                reason = judge(gen, name, info, state, now_ms)
             if reason is None:
                 report.kept += 1
                 continue
@@ -198,6 +240,8 @@ async def sweep(
             entry = state.entries.get(f"{gen}/{name}")
             target = staged_key(info.key) or info.key
             upload = entry.upload if entry is not None and entry.key == target else ""
+            if signed is not None:  # its URL's reservation, once the URL cannot write again
+                upload = signed[3] if valid_until <= now_ms else ""
             report.orphans.append(Orphan(info.key, reason, info.size, age, deletable, upload))
     if not dry_run:
         await _delete(outputs, [o for o in report.orphans if o.deletable], report, metrics)
@@ -222,7 +266,7 @@ async def _delete(
             continue
         report.deleted.append(orphan)
         key = staged_key(orphan.key) or orphan.key
-        parsed = parse_output_key(key)
+        parsed = parse_output_key(key) or parse_signed_key(key)
         if parsed is not None:
             objects, uploads = freed[parsed[0]]
             if "#" not in orphan.key:

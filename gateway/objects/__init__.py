@@ -13,7 +13,9 @@ from gateway.objects.store import (
     build_object_store,
     output_key,
     parse_output_key,
+    parse_signed_key,
     runtime_started,
+    signed_key,
     staged_key,
     valid_output_name,
 )
@@ -26,7 +28,9 @@ __all__ = [
     "build_object_store",
     "output_key",
     "parse_output_key",
+    "parse_signed_key",
     "runtime_started",
+    "signed_key",
     "staged_key",
     "valid_output_name",
 ]

@@ -6,7 +6,10 @@ filesystem — a put that fails or is cancelled half-way leaves no object behind
 streamed gets, listing, idempotent deletes and, for S3, signed URLs. No hand-written
 HTTP client, no boto.
 
-Keys: ``<prefix><tenant>/<job>/g<generation>/<name>`` (:func:`output_key`). Tenant and
+Keys: ``<prefix><tenant>/<job>/g<generation>/<name>`` (:func:`output_key`), and for an
+upload through a pre-signed URL ``<prefix><tenant>/<job>/g<generation>/.signed/<upload
+id>/<name>`` (:func:`signed_key`): the URL writes there, never to the output's key (an
+output name never starts with ``.``, so no output key is ever a signed one). Tenant and
 job are names (:data:`gateway.core.names.NAME`: no ``/``), the generation is a decimal
 integer and the name is checked by :func:`valid_output_name` before any key is built, so
 a key can never leave its attempt's prefix (no ``..``, no absolute path, no separator, no
@@ -47,7 +50,9 @@ __all__ = [
     "build_object_store",
     "output_key",
     "parse_output_key",
+    "parse_signed_key",
     "runtime_started",
+    "signed_key",
     "staged_key",
     "valid_output_name",
 ]
@@ -57,6 +62,11 @@ __all__ = [
 # at most 128 characters. Tenant and job are names too.
 _PART = NAME.pattern
 _KEY = re.compile(rf"({_PART})/({_PART})/g([1-9][0-9]{{0,15}})/({_PART})")
+# an upload id (gateway.fencing.output_ledger.new_upload_id: hex)
+_UPLOAD = re.compile(r"[0-9a-f]{1,64}")
+_SIGNED = re.compile(
+    rf"({_PART})/({_PART})/g([1-9][0-9]{{0,15}})/\.signed/({_UPLOAD.pattern})/({_PART})"
+)
 # the local store writes a put to "<key>#<n>" and renames it into place when it ends: a
 # process killed mid-put leaves that file behind, and the store's listing never shows it
 _STAGING = re.compile(r"(.+)#[0-9]{1,20}")
@@ -100,6 +110,24 @@ def parse_output_key(key: str) -> tuple[str, str, int, str] | None:
     if m is None or ".." in m[4]:
         return None
     return m[1], m[2], int(m[3]), m[4]
+
+
+def signed_key(tenant: str, job: str, generation: int, upload: str, name: str) -> str:
+    """Where a pre-signed URL of upload ``upload`` writes output ``name``:
+    ``<tenant>/<job>/g<gen>/.signed/<upload>/<name>``, under the attempt's prefix (the
+    sweeper and the quota reconciliation list by tenant) and never the output's own key (the
+    completion copies it there)."""
+    if not valid_output_name(name) or _UPLOAD.fullmatch(upload) is None:
+        raise ValueError(f"not a valid signed upload: {upload!r}, {name!r}")
+    return f"{tenant}/{job}/g{generation}/.signed/{upload}/{name}"
+
+
+def parse_signed_key(key: str) -> tuple[str, str, int, str, str] | None:
+    """``(tenant, job, generation, upload, name)`` of a key built by :func:`signed_key`."""
+    m = _SIGNED.fullmatch(key)
+    if m is None or ".." in m[5]:
+        return None
+    return m[1], m[2], int(m[3]), m[4], m[5]
 
 
 def staged_key(key: str) -> str | None:

@@ -116,6 +116,7 @@ class OutputStageReply(IntEnum):
 class OutputRecordReply(IntEnum):
     """output-record-3.lua"""
 
-    RECORDED = 0
-    LOST = 1  # another stage of this output replaced this upload
+    RECORDED = 0  # recorded; abandon, uncopy: the claim ended; copy: the copy is claimed
+    LOST = 1  # another stage of this output replaced this upload (or another copy holds it)
+    IN_PROGRESS = 2  # copy: another copy of this upload is still running
     REJECTED = Reply.REJECTED

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 import structlog
@@ -565,10 +565,14 @@ class Decisions:
         etag: str,
         worker_id: str,
         abandon: bool,
+        copy: str = "",
+        copy_op: Literal["", "copy", "uncopy"] = "",
     ) -> list[Any]:
         """``output-record-3``: the fenced record of a written output (``abandon``: the end of
-        a failed upload's claim). The reply as the script answers it
-        (:class:`~gateway.store.replies.OutputRecordReply`)."""
+        a failed upload's claim). ``copy``: the id of the completion's copy of a pre-signed
+        upload that wrote the output's key (a record presents it); ``copy_op`` ``copy`` claims
+        that copy for ``size`` ms, ``uncopy`` ends the claim. The reply as the script answers
+        it (:class:`~gateway.store.replies.OutputRecordReply`)."""
         return await self._link.run_script(
             "output-record-3",
             keys,
@@ -583,7 +587,8 @@ class Decisions:
                 sha256,
                 content_type,
                 etag,
-                "abandon" if abandon else "record",
+                copy_op or ("abandon" if abandon else "record"),
+                copy,
             ),
         )
 

@@ -144,7 +144,17 @@ def output_record(job: JobKeys, gen: int, mode: str) -> Call:
     never raises the fence: whatever ``mode`` says, above the fence is unregistered)."""
     return (
         (job.job, job.outputs, job.audit),
-        (*fenced(job, gen, mode), "o", RECORDED_UPLOAD, "5", "c" * 64, "text/plain", "e", "record"),
+        (
+            *fenced(job, gen, mode),
+            "o",
+            RECORDED_UPLOAD,
+            "5",
+            "c" * 64,
+            "text/plain",
+            "e",
+            "record",
+            "",
+        ),
     )
 
 

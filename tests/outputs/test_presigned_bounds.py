@@ -42,13 +42,13 @@ async def test_a_presigned_upload_over_max_bytes_is_refused_deleted_and_not_prom
         direct.put(issued["url"], data=io.BytesIO(big)) as up,
     ):
         assert up.status == 200  # the store takes it: a signed URL carries no length bound
-    key = f"default/{JOB}/g{gen}/report"
+    key = issued["key"]  # the URL's staging key
     assert objects.stored()[key] == limit + 1
 
     done = await complete(ogw, gen, ["report"])
     body = await done.json()
     assert (done.status, body.get("code")) == (413, "payload_too_large"), body
-    assert key not in objects.stored()  # deleted
+    assert objects.stored() == {}  # deleted, nothing copied
     listed = await ogw.client.get(f"/v1/jobs/{JOB}")
     assert [o["state"] for o in (await listed.json())["outputs"]] == ["staged"]  # not recorded
     read = await ogw.client.get(f"/v1/jobs/{JOB}/outputs/report")

@@ -431,7 +431,9 @@ async def test_presigned_upload_through_real_http(ogw: Any, objects: Objects) ->
         return
     assert resp.status == 201, await resp.text()
     signed = await resp.json()
-    assert signed["key"] == f"default/{JOB}/g1/report" and signed["method"] == "PUT"
+    staged = f"default/{JOB}/g1/.signed/"
+    assert signed["key"].startswith(staged) and signed["key"].endswith("/report")
+    assert signed["method"] == "PUT"
     body = b"a,b\n1,2\n" * 1000
     async with (
         aiohttp.ClientSession() as direct,
@@ -440,9 +442,12 @@ async def test_presigned_upload_through_real_http(ogw: Any, objects: Objects) ->
         ) as up,
     ):
         assert up.status == 200, await up.text()
-    assert objects.read(f"default/{JOB}/g1/report") == body
+    assert objects.read(signed["key"]) == body  # the URL's own key, not the output's
+    assert f"default/{JOB}/g1/report" not in objects.stored()
     service = ogw.app[OUTPUTS]
     assert await service.ensure_recorded("default", JOB, gen, ["report", "absent"]) == ["report"]
+    assert objects.read(f"default/{JOB}/g1/report") == body  # copied there
+    assert signed["key"] not in objects.stored()  # and the staged object deleted
     entry = await service.entry(JobKeys("default", JOB), gen, "report")
     assert entry is not None and entry.state == "recorded"
     assert (entry.size, entry.sha256, entry.content_type) == (len(body), sha(body), "text/csv")

@@ -14,11 +14,23 @@
     ARGV[9]  output name   ARGV[10] upload id from the stage
     ARGV[11] size, bytes   ARGV[12] sha256 (hex)   ARGV[13] content type   ARGV[14] etag
     ARGV[15] 'record' | 'abandon' (the upload failed: its claim ends, nothing recorded)
+             | 'copy' (a completion copies a pre-signed upload's staged object to the
+             output's key: claim that copy for ARGV[11] ms) | 'uncopy' (that copy failed:
+             its claim ends)
+    ARGV[16] the copy's id ('' for an upload through the gateway): a 'record' must present
+             the copy claim the entry holds, so only the copy that wrote the output's key
+             records it
 
   Output:
-    {0, entry_json}       recorded (abandon: the claim was dropped)
-    {1, state}            lost: another stage of this output replaced this upload
+    {0, entry_json}       recorded (abandon: the claim was dropped; copy: claimed)
+    {1, state}            lost: another stage of this output replaced this upload (record:
+                          or another copy holds the entry; copy: or it is recorded already)
+    {2, retry_after_ms}   copy: another copy of this upload is still running
     {9, reason, presented, current, audit_id, ''}   rejected and audited
+
+  A copy claim is fenced like a record. While one runs (copy_deadline ahead) no other copy
+  of the upload starts, and output-stage-3 stages nothing over it: two writers of the
+  output's key at once could leave bytes that its record does not describe.
 
   The lease is not checked: the stage checked it, and a lease that ran out without a
   new generation leaves the fence where it was.
@@ -30,9 +42,17 @@ if not prior then return {1, ''} end
 local entry = cjson.decode(prior)
 if entry.upload ~= ARGV[10] then return {1, entry.state} end
 
+local copy = ARGV[16] or ''
 if ARGV[15] == 'abandon' then
   if entry.state ~= 'staged' then return {1, entry.state} end
   entry.deadline = 0
+  entry.copy, entry.copy_deadline = nil, nil
+  redis.call('HSET', KEYS[2], field, cjson.encode(entry))
+  return done({0, cjson.encode(entry)})
+end
+if ARGV[15] == 'uncopy' then
+  if entry.state ~= 'staged' or (entry.copy or '') ~= copy then return {1, entry.state} end
+  entry.copy, entry.copy_deadline = nil, nil
   redis.call('HSET', KEYS[2], field, cjson.encode(entry))
   return done({0, cjson.encode(entry)})
 end
@@ -46,7 +66,20 @@ call.leaseless = true
 local g = fence_guard(call, {'cancelled', 'completed', 'stale'})
 if g.reply then return g.reply end
 
+if ARGV[15] == 'copy' then
+  if entry.state ~= 'staged' then return {1, entry.state} end  -- recorded: nothing to copy
+  local held = tonumber(entry.copy_deadline) or 0
+  if (entry.copy or '') ~= '' and held > now then
+    return {2, fmt(held - now)}
+  end
+  entry.copy, entry.copy_deadline = copy, now + tonumber(ARGV[11])
+  local claimed = cjson.encode(entry)
+  redis.call('HSET', KEYS[2], field, claimed)
+  return done({0, claimed})
+end
 if entry.state == 'recorded' then return {0, prior} end  -- already recorded: nothing new
+if (entry.copy or '') ~= copy then return {1, entry.state} end  -- another copy holds it
+entry.copy, entry.copy_deadline = nil, nil
 entry.state = 'recorded'
 entry.size = tonumber(ARGV[11])
 entry.sha256 = ARGV[12]

@@ -18,7 +18,8 @@
   Output:
     {0, fence, deadline_ms}                     staged: write the bytes now
     {2, retry_after_ms}                         an upload of this output by this generation
-                                                through the gateway is still running
+                                                through the gateway is still running, or a
+                                                completion is copying its pre-signed upload
     {9, reason, presented, current, audit_id, ''}   rejected and audited
 
   Checks (the fence guard, includes/fence), in order: cancelled, completed (any generation),
@@ -36,10 +37,17 @@ local field = ARGV[1] .. '/' .. ARGV[9]
 local prior = redis.call('HGET', KEYS[2], field)
 if prior then
   local p = cjson.decode(prior)
-  -- one upload through the gateway at a time per output and generation: two at once
-  -- would race on the same key, and the record could describe the other one's bytes
-  if p.state == 'staged' and not p.presigned and (tonumber(p.deadline) or 0) > now then
-    local reply = {2, fmt(p.deadline - now)}
+  -- one upload through the gateway at a time per output and generation, and none while a
+  -- completion copies a pre-signed upload to the output's key (output-record-3 'copy'):
+  -- two at once would race on the same key, and the record could describe the other one's
+  -- bytes
+  local busy = 0
+  if p.state == 'staged' and not p.presigned then busy = tonumber(p.deadline) or 0 end
+  if p.state == 'staged' and (p.copy or '') ~= '' then
+    busy = math.max(busy, tonumber(p.copy_deadline) or 0)
+  end
+  if busy > now then
+    local reply = {2, fmt(busy - now)}
     if g.raised then return done(reply) end
     return reply
   end
