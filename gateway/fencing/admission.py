@@ -53,9 +53,9 @@ class Gate:
     # rejections answered but not audited (the fenced call's ARGV[8], includes/fence)
     closed: str = ""
     hold: Any = None  # the hook's own state between the two calls (a payload reservation)
-    # (the tenant's open payload reservations key, this call's reservation id): the script
-    # checks it is open before it queues (admit-6's ARGV[20], ARGV[21]); ('', '') none
-    reservation: tuple[str, str] = ("", "")
+    # a payload reservation the script checks is open before it queues, and settles when it
+    # queues (admit-6's ARGV[20] to ARGV[25]: the open reservations key first); () none
+    reservation: tuple[str, ...] = ()
 
 
 OPEN = Gate()

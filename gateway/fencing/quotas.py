@@ -191,6 +191,7 @@ class Quotas:
         # (tenant, 'fx' | 'rj') -> the window whose counter this process sent the TTL of
         self._expiring: dict[tuple[str, Window], int] = {}
         self._reconciled: dict[tuple[str, Pool], float] = {}
+        self._reconciling: dict[tuple[str, Pool], asyncio.Task[int]] = {}
         self._audited: dict[tuple[str, str], tuple[float, int]] = {}
         # a tenant's caps and its rejections' metric children, per call otherwise (the
         # settings do not change while the process runs; bounded like the metric's labels)
@@ -248,12 +249,13 @@ class Quotas:
         if call.payload_bytes and caps.payload and "e" not in closed:
             if self._counters.folds:  # in the admit's pipeline; the admit checks it was made
                 charge = call.payload_bytes + PAYLOAD_OVERHEAD
-                reservation, pending, queued = self._counters.reserve_queued(
+                reservation, queued = self._counters.reserve_queued(
                     call.keys.tenant, "held", charge, caps.payload
                 )
                 queued.add_done_callback(_looked_at)  # its failure is the admit's too
                 hold = PayloadHold(charge, reservation, queued)
-                return Gate(closed, hold, (pending, reservation))
+                args = self._counters.admit_args(call.keys, call.step, reservation)
+                return Gate(closed, hold, args)
             hold = await self._reserve_payload(call.keys.tenant, call.payload_bytes, caps.payload)
             if hold is None:
                 closed += "p"
@@ -285,13 +287,15 @@ class Quotas:
         keys, tenant = call.keys, call.keys.tenant
         if isinstance(gate.hold, PayloadHold):
             queued = gate.hold.queued
-            if queued is not None:  # the settlement goes after its reservation (two batches)
-                await asyncio.wait([queued])
-            if queued is None or not self._counters.refused(queued):  # a refused one: nothing
+            if queued is None:  # reserved before the admit (a Cluster): settled now, waited for
                 stored = isinstance(outcome, Queued)
                 if isinstance(outcome, StoreUnavailable):
                     stored = bool(outcome.fields.get("may_have_been_queued"))
-                self._settle_payload(keys, call.step, gate.hold, stored)
+                await self._settle_payload(keys, call.step, gate.hold, stored)
+            else:  # checked by the admit, which settled it if it queued the payload
+                await asyncio.wait([queued])  # the give-back goes after its reservation
+                if not self._counters.refused(queued) and not _queued_now(outcome):
+                    self._give_back(keys, call.step, gate.hold)
         if isinstance(outcome, Replay | InProgress | Unresolved):
             return  # nothing was written for this call: never charged
         index, left = self._window()
@@ -392,12 +396,26 @@ class Quotas:
                 break
         return None
 
-    def _settle_payload(self, keys: JobKeys, step: str, hold: PayloadHold, stored: bool) -> None:
-        """Settle the reservation off the call's path (queued in this tick's pipeline): the
-        answer does not wait for it. Until it lands the charge stays counted, as the open
-        reservation; one that never lands is given back by the reconciliation."""
+    async def _settle_payload(
+        self, keys: JobKeys, step: str, hold: PayloadHold, stored: bool
+    ) -> None:
+        """Settle a reservation made before the admit (a Cluster: the tenant's keys are another
+        slot): waited for, so that a newer generation's call, sent after this answer, settles
+        after it (a settlement landing late would undo the newer charge)."""
+        try:
+            await self._counters.settled_payload(
+                keys, step, hold.charge, hold.reservation, stored=stored
+            )
+        except StoreUnavailable:  # the reservation stays open: the reconciliation
+            log.warning("quota_settle_failed", job_id=keys.job_id, step=step)
+
+    def _give_back(self, keys: JobKeys, step: str, hold: PayloadHold) -> None:
+        """Give back a reservation the admit did not turn into the step's charge, off the call's
+        path (queued in this tick's pipeline): a give-back changes only an open reservation,
+        so it cannot undo anything when it lands late; one that never lands is given back by
+        the reconciliation."""
         future = self._counters.settle_payload(
-            keys, step, hold.charge, hold.reservation, stored=stored
+            keys, step, hold.charge, hold.reservation, stored=False
         )
 
         def settled(future: asyncio.Future[Any]) -> None:
@@ -408,21 +426,31 @@ class Quotas:
 
     async def reconcile(self, tenant: str) -> int:
         """Give back the charges of held payloads that left Redis; returns bytes freed (at
-        most once a second per tenant: 0 when skipped)."""
+        most once a second per tenant: a call within the second waits for the next run)."""
         return await self._reconcile(tenant, "held")
 
     async def _reconcile(self, tenant: str, pool: Pool) -> int:
         """Drop the entries of ``pool`` whose stored thing is gone
-        (:meth:`QuotaCounters.drop_gone`): bytes freed; at most once a second per tenant and
-        pool (0 when skipped, or when Redis does not answer)."""
-        now = time.monotonic()
-        if now - self._reconciled.get((tenant, pool), 0.0) < 1.0:
-            return 0
-        self._reconciled[(tenant, pool)] = now
+        (:meth:`QuotaCounters.drop_gone`): bytes freed (0 when Redis does not answer). At most
+        once a second per tenant and pool: a call within the second waits for the next run,
+        and every call waiting shares it (a tenant whose payloads were delivered meanwhile is
+        not refused because the last run was too recent)."""
+        key = (tenant, pool)
+        run = self._reconciling.get(key)
+        if run is None or run.done():
+            gap = self._reconciled.get(key, -1.0) + 1.0 - time.monotonic()
+            run = asyncio.get_running_loop().create_task(self._reconcile_after(key, gap))
+            self._reconciling[key] = run
+        return await asyncio.shield(run)
+
+    async def _reconcile_after(self, key: tuple[str, Pool], gap: float) -> int:
+        if gap > 0:
+            await asyncio.sleep(gap)
+        self._reconciled[key] = time.monotonic()
         try:
-            return await self._counters.drop_gone(tenant, pool)
+            return await self._counters.drop_gone(*key)
         except StoreUnavailable:
-            log.warning("quota_reconcile_failed", tenant=tenant, kind=pool)
+            log.warning("quota_reconcile_failed", tenant=key[0], kind=key[1])
             return 0
 
     # -- stored checkpoint bytes ----------------------------------------------
@@ -458,7 +486,7 @@ class Quotas:
 
     async def reconcile_checkpoints(self, tenant: str) -> int:
         """Give back the charges of jobs whose checkpoints expired; returns bytes freed (at
-        most once a second per tenant: 0 when skipped)."""
+        most once a second per tenant: a call within the second waits for the next run)."""
         return await self._reconcile(tenant, "ckpt")
 
     async def checkpoint_refused(
@@ -605,3 +633,9 @@ def _looked_at(future: asyncio.Future[Any]) -> None:
     batch that failed) is the admit's error too, so it is only marked retrieved."""
     if not future.cancelled():
         future.exception()
+
+
+def _queued_now(outcome: AdmitVerdict | BaseException) -> bool:
+    """Whether the admit queued this call's payload (and settled its reservation): a new queue
+    entry, not an async repeat of one the relay has already."""
+    return isinstance(outcome, Queued) and not outcome.repeated

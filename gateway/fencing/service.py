@@ -193,7 +193,7 @@ class EffectService:
             )
             if (
                 admission is not None
-                and gate.reservation[0]
+                and gate.reservation
                 and isinstance(verdict, OverQuota)
                 and verdict.quota == "payload_bytes"
             ):  # the reservation the script checked was not made: decided again, waiting

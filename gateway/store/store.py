@@ -388,7 +388,7 @@ class Decisions:
         by: str = "",
         run_before_ms: int | None = None,
         closed: str = "",
-        reservation: tuple[str, str] = ("", ""),
+        reservation: tuple[str, ...] = (),
     ) -> AdmitVerdict:
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
 
@@ -397,9 +397,9 @@ class Decisions:
         too (the first send's bound, see :meth:`RedisLink.run_bounded`: a copy arriving later
         does nothing).
         ``closed``: the tenant's used-up quotas (admit-6's ARGV[19]; 'r' is its ARGV[8]) ->
-        ``OverQuota``. ``reservation``: (the tenant's open payload reservations, this call's
-        reservation id), sent in the same pipeline just before (admit-6's ARGV[20] and [21]):
-        not open there -> ``OverQuota('payload_bytes')`` for a call that would queue.
+        ``OverQuota``. ``reservation``: a payload reservation sent in the same pipeline just
+        before (admit-6's ARGV[20] to ARGV[25], ``QuotaCounters.admit_args``): not open ->
+        ``OverQuota('payload_bytes')`` for a call that would queue; queued, it is settled.
         """
         dispatch_id = dispatch_id or scripts.new_dispatch_id()
         reply = await self._link.run_bounded(

@@ -30,10 +30,17 @@
              (payload_bytes; ARGV[16] is then a placeholder, never stored); '' none (a
              rejection answered but not audited is ARGV[8])
     ARGV[20] the tenant's open payload reservations fg:quota:{<tenant>}:held_pending, or ''
-             (quota-reserve-2; '' on a Cluster, where that key lives in another slot)
+             (quota-reserve-3; '' on a Cluster, where that key lives in another slot)
     ARGV[21] the reservation of this call's payload there: the gateway sent it in the same
              pipeline, just before this call; not open (refused, or not run yet) is
              'payload_bytes' for a call that would queue, as ARGV[19]'s 'p'
+    ARGV[22] the tenant's held payloads fg:quota:{<tenant>}:held   ([job, step] -> charge)
+    ARGV[23] their total fg:quota:{<tenant>}:held_bytes
+    ARGV[24] this step's member there ([job, step]), ARGV[25] the counters' ttl, seconds
+             (with ARGV[20]: queueing the payload settles the reservation here, in the same
+             atomic step: the step holds the reservation's charge, an older charge of the
+             step is given back, the reservation is closed; a settlement that came later
+             could land after a newer generation's and undo its charge)
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
@@ -192,6 +199,15 @@ local function enqueue()
   redis.call('ZADD', KEYS[5], now, member)
   index(KEYS[6], member, 'pending')
   touch()
+  local pending = ARGV[20] or ''
+  if pending ~= '' then  -- the reservation becomes the step's charge (over() saw it open)
+    local charge = redis.call('HGET', pending, ARGV[21])
+    redis.call('HDEL', pending, ARGV[21])
+    local old = tonumber(redis.call('HGET', ARGV[22], ARGV[24]) or '0')
+    redis.call('HSET', ARGV[22], ARGV[24], charge)
+    redis.call('EXPIRE', ARGV[22], ARGV[25])
+    if old ~= 0 and redis.call('INCRBY', ARGV[23], -old) <= 0 then redis.call('DEL', ARGV[23]) end
+  end
   return done({4, superseded, registered})
 end
 
