@@ -9,11 +9,10 @@ it. It is asked twice per effect call:
   answer or a rejection is answered as without the hook). It may raise a
   :class:`~gateway.core.errors.FencegateError` only for a refusal that holds whatever the
   verdict would be.
-* :meth:`Admission.refolded` — only when the gate asked the script to check a reservation
-  itself (``Gate.reservation``: sent in the same pipeline just before the script, so the
-  call pays no round trip of its own for it) and the script found it not made (over the
-  cap, or it ran after the script): the gate for one more admit, decided the way that waits
-  for the reservation's reply.
+* :meth:`Admission.refolded` — only when the gate asked the script to charge something
+  itself (``Gate.reservation``: an async payload's bytes, counted in the deciding script, so
+  the call pays no round trip of its own for it) and the script found it over the cap: the
+  gate for one more admit (after the hook made room), or None: the refusal stands.
 * :meth:`Admission.after` — with the verdict (or the error the admit raised), once, always.
   It charges what the verdict consumed, and turns an
   :class:`~gateway.core.records.OverQuota` verdict into its problem (it must raise then).
@@ -53,8 +52,8 @@ class Gate:
     # rejections answered but not audited (the fenced call's ARGV[8], includes/fence)
     closed: str = ""
     hold: Any = None  # the hook's own state between the two calls (a payload reservation)
-    # a payload reservation the script checks is open before it queues, and settles when it
-    # queues (admit-6's ARGV[20] to ARGV[25]: the open reservations key first); () none
+    # what the script charges itself when it queues a payload, against the tenant's cap
+    # (admit-6's ARGV[20] to ARGV[25]); () none
     reservation: tuple[str, ...] = ()
 
 
@@ -64,7 +63,7 @@ OPEN = Gate()
 class Admission(Protocol):
     async def before(self, call: AdmitCall) -> Gate: ...
 
-    async def refolded(self, call: AdmitCall, gate: Gate) -> Gate: ...
+    async def refolded(self, call: AdmitCall, gate: Gate) -> Gate | None: ...
 
     async def after(
         self, call: AdmitCall, gate: Gate, outcome: AdmitVerdict | BaseException

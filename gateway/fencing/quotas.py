@@ -161,8 +161,6 @@ class PayloadHold:
 
     charge: int
     reservation: str
-    # the reply of a reservation queued with the admit (the admit checks it: Gate.reservation)
-    queued: asyncio.Future[Any] | None = None
 
 
 _NO_HOLD = CheckpointHold()
@@ -247,55 +245,32 @@ class Quotas:
                 closed += letter
         hold = None
         if call.payload_bytes and caps.payload and "e" not in closed:
-            if self._counters.folds:  # in the admit's pipeline; the admit checks it was made
+            if self._counters.folds:  # charged by the admit itself, atomically
                 charge = call.payload_bytes + PAYLOAD_OVERHEAD
-                reservation, queued = self._counters.reserve_queued(
-                    call.keys.tenant, "held", charge, caps.payload
-                )
-                queued.add_done_callback(_looked_at)  # its failure is the admit's too
-                hold = PayloadHold(charge, reservation, queued)
-                args = self._counters.admit_args(call.keys, call.step, reservation)
-                return Gate(closed, hold, args)
+                args = self._counters.admit_args(call.keys, call.step, charge, caps.payload)
+                return Gate(closed, None, args)
             hold = await self._reserve_payload(call.keys.tenant, call.payload_bytes, caps.payload)
             if hold is None:
                 closed += "p"
         return Gate(closed, hold) if closed or hold else OPEN
 
-    async def refolded(self, call: AdmitCall, gate: Gate) -> Gate:
-        """The admit found the reservation it checked not made (over the cap; or run after
-        it, in another batch): a reservation that was made is given back, then the payload is
-        reserved again the waiting way (after one reconciliation when over the cap)."""
-        hold = gate.hold
-        assert isinstance(hold, PayloadHold) and hold.queued is not None
-        await asyncio.wait([hold.queued])
-        if not self._counters.refused(hold.queued):
-            # made (or its reply lost): given back before the reservation below. One refused
-            # wrote nothing and is not settled: a flood of 429s stores nothing
-            settled = self._counters.settle_payload(
-                call.keys, call.step, hold.charge, hold.reservation, stored=False
-            )
-            await asyncio.wait([settled])
-            if not settled.cancelled() and settled.exception() is not None:  # given back later
-                log.warning("quota_settle_failed", job_id=call.keys.job_id, step=call.step)
-        cap = self.caps(call.keys.tenant).payload
-        again = await self._reserve_payload(call.keys.tenant, call.payload_bytes, cap)
-        return Gate(gate.closed + ("p" if again is None else ""), again)
+    async def refolded(self, call: AdmitCall, gate: Gate) -> Gate | None:
+        """The admit found the payload over the tenant's cap: one reconciliation (payloads the
+        relay delivered are charged until one runs), then the gate to admit once more with;
+        None when it freed nothing (the refusal stands)."""
+        if await self.reconcile(call.keys.tenant):
+            return gate
+        return None
 
     async def after(
         self, call: AdmitCall, gate: Gate, outcome: AdmitVerdict | BaseException
     ) -> None:
         keys, tenant = call.keys, call.keys.tenant
-        if isinstance(gate.hold, PayloadHold):
-            queued = gate.hold.queued
-            if queued is None:  # reserved before the admit (a Cluster): settled now, waited for
-                stored = isinstance(outcome, Queued)
-                if isinstance(outcome, StoreUnavailable):
-                    stored = bool(outcome.fields.get("may_have_been_queued"))
-                await self._settle_payload(keys, call.step, gate.hold, stored)
-            else:  # checked by the admit, which settled it if it queued the payload
-                await asyncio.wait([queued])  # the give-back goes after its reservation
-                if not self._counters.refused(queued) and not _queued_now(outcome):
-                    self._give_back(keys, call.step, gate.hold)
+        if isinstance(gate.hold, PayloadHold):  # reserved before the admit (a Cluster)
+            stored = isinstance(outcome, Queued)
+            if isinstance(outcome, StoreUnavailable):
+                stored = bool(outcome.fields.get("may_have_been_queued"))
+            await self._settle_payload(keys, call.step, gate.hold, stored)
         if isinstance(outcome, Replay | InProgress | Unresolved):
             return  # nothing was written for this call: never charged
         index, left = self._window()
@@ -399,30 +374,14 @@ class Quotas:
     async def _settle_payload(
         self, keys: JobKeys, step: str, hold: PayloadHold, stored: bool
     ) -> None:
-        """Settle a reservation made before the admit (a Cluster: the tenant's keys are another
-        slot): waited for, so that a newer generation's call, sent after this answer, settles
-        after it (a settlement landing late would undo the newer charge)."""
+        """Settle a reservation made before the admit, waited for: a newer generation's call,
+        sent after this answer, settles after it."""
         try:
-            await self._counters.settled_payload(
+            await self._counters.settle_payload(
                 keys, step, hold.charge, hold.reservation, stored=stored
             )
         except StoreUnavailable:  # the reservation stays open: the reconciliation
             log.warning("quota_settle_failed", job_id=keys.job_id, step=step)
-
-    def _give_back(self, keys: JobKeys, step: str, hold: PayloadHold) -> None:
-        """Give back a reservation the admit did not turn into the step's charge, off the call's
-        path (queued in this tick's pipeline): a give-back changes only an open reservation,
-        so it cannot undo anything when it lands late; one that never lands is given back by
-        the reconciliation."""
-        future = self._counters.settle_payload(
-            keys, step, hold.charge, hold.reservation, stored=False
-        )
-
-        def settled(future: asyncio.Future[Any]) -> None:
-            if not future.cancelled() and future.exception() is not None:
-                log.warning("quota_settle_failed", job_id=keys.job_id, step=step)
-
-        future.add_done_callback(settled)
 
     async def reconcile(self, tenant: str) -> int:
         """Give back the charges of held payloads that left Redis; returns bytes freed (at
@@ -626,16 +585,3 @@ class Quotas:
         log.warning(
             "quota_exceeded", tenant=keys.tenant, quota=quota, suppressed_since_last=suppressed
         )
-
-
-def _looked_at(future: asyncio.Future[Any]) -> None:
-    """A queued reservation's reply is read by its admit's verdict, not here: its error (a
-    batch that failed) is the admit's error too, so it is only marked retrieved."""
-    if not future.cancelled():
-        future.exception()
-
-
-def _queued_now(outcome: AdmitVerdict | BaseException) -> bool:
-    """Whether the admit queued this call's payload (and settled its reservation): a new queue
-    entry, not an async repeat of one the relay has already."""
-    return isinstance(outcome, Queued) and not outcome.repeated

@@ -196,11 +196,13 @@ class EffectService:
                 and gate.reservation
                 and isinstance(verdict, OverQuota)
                 and verdict.quota == "payload_bytes"
-            ):  # the reservation the script checked was not made: decided again, waiting
-                gate = await admission.refolded(call, gate)
-                verdict = await self._admit(
-                    keys, step, payload_json=_sent(payload_json, gate), **_gated(gate), **fields
-                )
+            ):  # over the cap in the script: once more if the hook made room
+                again = await admission.refolded(call, gate)
+                if again is not None:
+                    gate = again
+                    verdict = await self._admit(
+                        keys, step, payload_json=_sent(payload_json, gate), **_gated(gate), **fields
+                    )
         except BaseException as exc:
             if admission is not None:
                 await admission.after(call, gate, exc)

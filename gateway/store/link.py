@@ -278,8 +278,7 @@ class RedisLink:
                 sha = await self._client.script_load(source)
                 if sha != self._shas[name]:  # pragma: no cover - Redis and hashlib disagree
                     raise RuntimeError("script SHA mismatch")
-            # the plain ones too: a NOSCRIPT is sent again as EVAL after the rest of its batch,
-            # and a payload reservation must run before the admit that checks it
+            # the plain ones too (their syntax checked at boot as well)
             for name in PLAIN_NAMES:
                 await self._client.script_load(plain_source(name))
 

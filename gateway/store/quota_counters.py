@@ -42,7 +42,7 @@ Pool = Literal["held", "ckpt"]  # payloads held for the relay, checkpoints
 Window = Literal["fx", "rj"]  # effect calls, rejections
 
 # the only check-and-set of these counters (lua/plain/: no prelude)
-RESERVE = PlainScript.load("quota-reserve-3")
+RESERVE = PlainScript.load("quota-reserve-2")
 SETTLE = PlainScript.load("quota-settle-4")
 SETTLE_CHECKPOINT = PlainScript.load("quota-settle-checkpoint-4")
 DROP = PlainScript.load("quota-drop-2")
@@ -74,8 +74,8 @@ class QuotaCounters:
         clock: Callable[[], int],
         folds: bool = False,
     ) -> None:
-        # a payload reservation can be checked by the admit in the same pipeline (standalone
-        # Redis: the tenant's keys are reachable from the job's script; not on a Cluster)
+        # the admit charges an async payload itself (standalone Redis: the tenant's keys are
+        # reachable from the job's script; not on a Cluster, where it is reserved before)
         self.folds = folds
         self._clock = clock  # Redis's clock, unix ms (the reservations' age)
         self._client = client
@@ -121,67 +121,34 @@ class QuotaCounters:
     async def reserve(self, tenant: str, pool: Pool, amount: int, cap: int) -> str:
         """Reserve ``amount`` bytes of ``pool``: the reservation's id, which its settlement
         closes; '' (nothing reserved) over ``cap``."""
-        reservation, future = self.reserve_queued(tenant, pool, amount, cap, remember=False)
-        with redis_errors():
-            reply = int(await future)
-        return "" if reply == OVER_CAP else reservation
-
-    def reserve_queued(
-        self, tenant: str, pool: Pool, amount: int, cap: int, *, remember: bool = True
-    ) -> tuple[str, asyncio.Future[Any]]:
-        """The same reservation, queued in this tick's pipeline and not waited for: ``(its id,
-        a future of its reply)``. A script sent after it in the same tick sees it made (or
-        not: over the cap) among the pool's open reservations (:attr:`folds`: the admit's
-        payload check, :meth:`admit_args`); ``remember``: a made one is remembered a minute,
-        since that admit settles it and a re-send of the pipeline must find it made."""
         p = quota_prefix(tenant)
         reservation = f"{self._clock():x}.{new_request_id()}"
         keys = [f"{p}:{pool}_bytes", f"{p}:{pool}_pending"]
-        args: list[Any] = [amount, cap, self._ttl, reservation]
-        if remember:  # a re-send after the admit settled it must not reserve again
-            keys.append(f"{p}:req:{reservation}")
-            args.append(RESEND_MEMORY_MS)
-        return reservation, self._eval(RESERVE, keys, args)
+        reply = await self._int(RESERVE, keys, [amount, cap, self._ttl, reservation])
+        return "" if reply == OVER_CAP else reservation
 
-    def admit_args(self, keys: JobKeys, step: str, reservation: str) -> tuple[str, ...]:
-        """What the admit needs to check a payload reservation queued before it and, when it
-        queues the payload, to settle it in the same step (admit-6's ARGV[20] to ARGV[25])."""
+    def admit_args(self, keys: JobKeys, step: str, charge: int, cap: int) -> tuple[str, ...]:
+        """What the admit needs to charge a payload it queues, in its own atomic step, against
+        the tenant's cap (admit-6's ARGV[20] to ARGV[25]; :attr:`folds`)."""
         p = quota_prefix(keys.tenant)
         member = held_member(keys.job_id, step)
-        return (f"{p}:held_pending", reservation, f"{p}:held", f"{p}:held_bytes", member, self._ttl)
+        return (f"{p}:held", f"{p}:held_bytes", member, str(charge), str(cap), self._ttl)
 
-    @staticmethod
-    def refused(queued: asyncio.Future[Any]) -> bool:
-        """Whether a queued reservation's reply (done) says it was refused: it wrote nothing.
-        A failed or cancelled one may have run: not refused."""
-        return (
-            not queued.cancelled()
-            and queued.exception() is None
-            and (int(queued.result()) == OVER_CAP)
-        )
-
-    def settle_payload(
+    async def settle_payload(
         self, keys: JobKeys, step: str, charge: int, reservation: str, *, stored: bool
-    ) -> asyncio.Future[Any]:
-        """A payload reservation after the decision: ``stored`` (queued) the step holds
-        ``charge``, else it is given back; the reservation is closed. Queued in this tick's
-        pipeline, not waited for: a future whose failure is the caller's to log (the
-        reservation then stays open until the reconciliation gives it back)."""
+    ) -> None:
+        """A payload reservation after the decision (a Cluster: reserved before the admit):
+        ``stored`` (queued) the step holds ``charge``, else it is given back; the reservation
+        is closed (``StoreUnavailable`` when Redis did not answer: it stays open until the
+        reconciliation gives it back)."""
         p = quota_prefix(keys.tenant)
         memory = f"{p}:req:{new_request_id()}"
         args = [held_member(keys.job_id, step), charge, "1" if stored else "0", self._ttl]
-        return self._eval(
+        await self._int(
             SETTLE,
             [f"{p}:held", f"{p}:held_bytes", memory, f"{p}:held_pending"],
             [*args, RESEND_MEMORY_MS, reservation],
         )
-
-    async def settled_payload(
-        self, keys: JobKeys, step: str, charge: int, reservation: str, *, stored: bool
-    ) -> None:
-        """:meth:`settle_payload`, waited for (``StoreUnavailable`` when Redis did not answer)."""
-        with redis_errors():
-            await self.settle_payload(keys, step, charge, reservation, stored=stored)
 
     def settle_checkpoint(
         self, keys: JobKeys, reserved: int, stored: int, reservation: str

@@ -41,7 +41,7 @@ SCRIPT_NAMES = (
 )
 # lua/plain/: scripts without the prelude, each owned by one store module (named in its header)
 PLAIN_NAMES = (
-    "quota-reserve-3",
+    "quota-reserve-2",
     "quota-settle-4",
     "quota-settle-checkpoint-4",
     "quota-drop-2",

@@ -397,9 +397,9 @@ class Decisions:
         too (the first send's bound, see :meth:`RedisLink.run_bounded`: a copy arriving later
         does nothing).
         ``closed``: the tenant's used-up quotas (admit-6's ARGV[19]; 'r' is its ARGV[8]) ->
-        ``OverQuota``. ``reservation``: a payload reservation sent in the same pipeline just
-        before (admit-6's ARGV[20] to ARGV[25], ``QuotaCounters.admit_args``): not open ->
-        ``OverQuota('payload_bytes')`` for a call that would queue; queued, it is settled.
+        ``OverQuota``. ``reservation``: an async payload's charge against the tenant's cap
+        (admit-6's ARGV[20] to ARGV[25], ``QuotaCounters.admit_args``): over it ->
+        ``OverQuota('payload_bytes')`` for a call that would queue; queued, it is charged.
         """
         dispatch_id = dispatch_id or scripts.new_dispatch_id()
         reply = await self._link.run_bounded(

@@ -10,13 +10,11 @@ import hashlib
 import time
 from typing import Any
 
-import pytest
-
 from gateway.http import appkeys as K
-from gateway.store import batching, quota_counters
+from gateway.store import quota_counters
 from gateway.store.scripts import lua_source
 from tests.support.calls import put_checkpoint
-from tests.support.wire import Fault, WireProxy
+from tests.support.wire import WireProxy
 
 
 async def test_a_zombie_flood_cannot_spend_the_live_workers_quota(make_gateway: Any) -> None:
@@ -191,100 +189,38 @@ async def test_the_effects_window_counter_always_expires(
     assert await ttl_once_charged(1) <= 3600 + 60
 
 
-async def test_a_lost_reply_to_a_payload_reservation_or_settlement_counts_once(
+async def test_a_lost_reply_to_the_admit_that_charges_a_payload_counts_once(
     make_gateway: Any, wire: WireProxy, redis_sync: Any
 ) -> None:
-    """Redis ran the reservation (or the admit that settles it) but its reply was lost with
-    the connection: the auto-pipeline sends both again on a new connection (the reservation
-    finds itself made, the admit its remembered answer), and the tenant's held bytes are
-    still exactly what its held payloads are charged."""
+    """On a standalone Redis the admit charges an async payload itself. Redis ran it, and its
+    reply was lost with the connection, once, then on the first send and both re-sends of the
+    batch: the admit is sent again (with its request id: it answers what it answered), the
+    call is 202, and the tenant's held bytes are exactly what its held payloads are charged."""
     gw = await make_gateway(redis={"url": wire.url}, quotas={"payload_bytes": 100_000})
     gw.app[K.SERVICE].relay.stop()  # the payloads stay held
     assert (await gw.register("j", generation=1)).status == 201
     async_ = {"Prefer": "respond-async"}
     blob = {"blob": "x" * 2_000}
+    admit = hashlib.sha1(lua_source("admit-6").encode(), usedforsecurity=False).hexdigest()
 
-    async def held_bytes_match(steps: int) -> bool:
-        """Once the settlement landed (the call does not wait for it): every reservation
-        closed, and the counter is what the held payloads are charged."""
-        for _ in range(250):
-            held = redis_sync.hgetall("fg:quota:{default}:held")
-            counted = int(redis_sync.get("fg:quota:{default}:held_bytes"))
-            if len(held) == steps and not redis_sync.hlen("fg:quota:{default}:held_pending"):
-                return counted == sum(map(int, held.values()))
-            await asyncio.sleep(0.02)
-        return False
+    def held_bytes_match(steps: int) -> bool:
+        held = redis_sync.hgetall("fg:quota:{default}:held")
+        counted = int(redis_sync.get("fg:quota:{default}:held_bytes"))
+        return len(held) == steps and counted == sum(map(int, held.values()))
 
-    # a first call: both scripts in Redis's cache (a NOSCRIPT reply is not the one to lose)
+    # a first call: the script in Redis's cache (a NOSCRIPT reply is not the one to lose)
     assert (
         await gw.effect("j", "p0", 1, adapter="dead", payload=blob, headers=async_)
     ).status == 202
-    assert await held_bytes_match(1)
-    admit = hashlib.sha1(lua_source("admit-6").encode(), usedforsecurity=False).hexdigest()
-    for step, sha in (("p1", quota_counters.RESERVE.sha), ("p2", admit)):
-        lost = wire.on_reply_to(sha.encode(), "lose")
+    assert held_bytes_match(1)
+    for step, times in (("p1", 1), ("p2", 3)):
+        lost = [wire.on_reply_to(admit.encode(), "lose", skip=0) for _ in range(times)]
         resp = await gw.effect("j", step, 1, adapter="dead", payload=blob, headers=async_)
         assert resp.status == 202, await resp.text()
-        await asyncio.wait_for(lost.fired.wait(), 5)
-        assert await held_bytes_match(int(step[1:]) + 1), step
-
-
-async def test_a_payload_reservation_and_its_admit_whose_replies_were_all_lost_count_once(
-    make_gateway: Any, wire: WireProxy, redis_sync: Any
-) -> None:
-    """The reservation goes in the admit's pipeline, just before it (standalone Redis), and
-    the admit checks it was made. Both ran, and their replies were lost on the first send
-    and on both re-sends of the batch: the admit, sent again on its own with its request id,
-    learns that it queued the step (202); the settlement counts the payload as held, once,
-    and closes the reservation."""
-    gw = await make_gateway(redis={"url": wire.url}, quotas={"payload_bytes": 100_000})
-    gw.app[K.SERVICE].relay.stop()
-    assert (await gw.register("j", generation=1)).status == 201
-    async_ = {"Prefer": "respond-async"}
-    blob = {"blob": "x" * 2_000}
-    assert (
-        await gw.effect("j", "p0", 1, adapter="dead", payload=blob, headers=async_)
-    ).status == 202
-    lost = [wire.on_reply_to(quota_counters.RESERVE.sha.encode(), "lose", skip=0) for _ in range(3)]
-    resp = await gw.effect("j", "p1", 1, adapter="dead", payload=blob, headers=async_)
-    assert resp.status == 202, await resp.text()
-    assert all(rule.fired.is_set() for rule in lost)
-    assert redis_sync.hget("fg:{default/j}:fx:p1", "state") == "pending"  # queued
-    for _ in range(250):  # the settlement is not waited for by the call
-        if not redis_sync.hlen("fg:quota:{default}:held_pending"):
-            break
-        await asyncio.sleep(0.02)
-    held = redis_sync.hgetall("fg:quota:{default}:held")
-    assert sorted(held) == ['["j","p0"]', '["j","p1"]']
-    assert int(redis_sync.get("fg:quota:{default}:held_bytes")) == sum(map(int, held.values()))
-
-
-async def test_a_payload_reservation_that_runs_after_its_admit_still_admits_the_call_once(
-    make_gateway: Any, wire: WireProxy, redis_sync: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every command in a batch of its own (as when a tick has more than a batch holds), and
-    the reservation's request held on the wire: the admit runs first and finds it not made
-    (``payload_bytes``, nothing written). The reservation, made meanwhile, is given back, the
-    payload reserved again the waiting way and the call admitted: 202, counted once."""
-    monkeypatch.setattr(batching, "MAX_BATCH", 1)
-    gw = await make_gateway(redis={"url": wire.url}, quotas={"payload_bytes": 30_000})
-    gw.app[K.SERVICE].relay.stop()
-    assert (await gw.register("j", generation=1)).status == 201
-    blob = {"blob": "x" * 20_000}
-    held = Fault("hold_request", quota_counters.RESERVE.sha.encode(), hold=0.3)
-    wire.arm(held, within=5)
-    resp = await gw.effect(
-        "j", "p1", 1, adapter="dead", payload=blob, headers={"Prefer": "respond-async"}
-    )
-    assert resp.status == 202, await resp.text()
-    assert held.hit_at  # the reservation was held, the admit ran before it
-    for _ in range(250):  # the settlement is not waited for by the call
-        if not redis_sync.hlen("fg:quota:{default}:held_pending"):
-            break
-        await asyncio.sleep(0.02)
-    stored = redis_sync.hgetall("fg:quota:{default}:held")
-    assert list(stored) == ['["j","p1"]']
-    assert int(redis_sync.get("fg:quota:{default}:held_bytes")) == int(stored['["j","p1"]'])
+        assert all(rule.fired.is_set() for rule in lost), step
+        assert redis_sync.hget(f"fg:{{default/j}}:fx:{step}", "state") == "pending"
+        assert held_bytes_match(int(step[1:]) + 1), step
+    assert not redis_sync.exists("fg:quota:{default}:held_pending")  # nothing reserved aside
 
 
 async def test_a_reservation_whose_every_reply_was_lost_is_given_back_once_abandoned(

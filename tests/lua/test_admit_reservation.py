@@ -1,8 +1,8 @@
-"""admit-6 checks the payload reservation sent in its pipeline just before it (standalone Redis:
-ARGV[20] the tenant's open payload reservations, ARGV[21] the call's reservation id): a call
-that would queue its payload runs only when the reservation is open there, and queueing it
-settles the reservation in the same step (the step holds its charge); nothing else looks at
-it."""
+"""admit-6 charges an async payload itself on a standalone Redis (ARGV[20] to ARGV[25]: the
+tenant's held payloads, their total, the step's member, the charge, the cap, the ttl): a call
+that would queue its payload runs only when the charge fits under the cap (a charge the step
+holds already is replaced, so it does not count), and queueing it charges it in the same
+atomic step; a call that does not queue charges nothing."""
 
 from __future__ import annotations
 
@@ -12,78 +12,64 @@ from tests.lua.scripts import JOB, Call, Scripts, admit
 
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("job_registered")]
 
-PENDING = "fg:quota:{t}:held_pending"
 HELD, HELD_BYTES = "fg:quota:{t}:held", "fg:quota:{t}:held_bytes"
 MEMBER = '["j","s"]'
 
 
-def with_reservation(call: Call, payload: str, reservation: str) -> Call:
-    """The admit ``call`` sent async (``payload``: ARGV[16]) with its reservation checked."""
+def charged(call: Call, payload: str, charge: int, cap: int = 1000) -> Call:
+    """The admit ``call`` sent async (``payload``: ARGV[16]) with its payload's charge."""
     keys, args = call
     argv = list(args)
     argv[15] = payload  # ARGV[16]
-    # ARGV[19] closed: none; then the reservation, the held payloads, the step's member, ttl
-    return keys, (*argv, "", PENDING, reservation, HELD, HELD_BYTES, MEMBER, "3600")
+    # ARGV[19] closed: none; then the held payloads, their total, the member, charge, cap, ttl
+    return keys, (*argv, "", HELD, HELD_BYTES, MEMBER, str(charge), str(cap), "3600")
 
 
-def test_an_open_reservation_lets_the_payload_be_queued_and_becomes_its_charge(
-    lua: Scripts,
-) -> None:
-    lua.client.hset(PENDING, mapping={"r1": "120", "other": "7"})
-    lua.client.set(HELD_BYTES, "127")  # what the two reservations counted
-    reply = lua.run("admit-6", JOB, with_reservation(admit(JOB, 1, "required"), '{"a":1}', "r1"))
+def test_a_payload_that_fits_is_queued_and_charged_in_the_same_step(lua: Scripts) -> None:
+    lua.client.hset(HELD, '["j","other"]', "300")
+    lua.client.set(HELD_BYTES, "300")
+    reply = lua.run("admit-6", JOB, charged(admit(JOB, 1, "required"), '{"a":1}', 120))
     assert reply[0] == 4  # queued
     assert lua.client.hget(JOB.effect("s"), "payload") == '{"a":1}'
-    assert lua.client.hgetall(PENDING) == {"other": "7"}  # closed
-    assert lua.client.hgetall(HELD) == {MEMBER: "120"}
-    assert lua.client.get(HELD_BYTES) == "127"  # counted at the reservation, not again
-    assert 0 < lua.client.ttl(HELD) <= 3600
+    assert lua.client.hgetall(HELD) == {'["j","other"]': "300", MEMBER: "120"}
+    assert lua.client.get(HELD_BYTES) == "420"
+    assert 0 < lua.client.ttl(HELD) <= 3600 and 0 < lua.client.ttl(HELD_BYTES) <= 3600
 
 
-def test_a_newer_generation_queueing_over_an_older_one_gives_its_charge_back(
-    lua: Scripts,
-) -> None:
-    """The step was queued by generation 1 (its charge 500 held); generation 2 supersedes it
-    with its own payload: the step holds 2's charge, 1's is given back, atomically with the
-    queue write (no settlement can land after it and undo it)."""
-    lua.client.hset(PENDING, "r1", "500")
-    lua.client.set(HELD_BYTES, "500")
-    first = with_reservation(admit(JOB, 1, "required"), '{"a":1}', "r1")
-    assert lua.run("admit-6", JOB, first)[0] == 4
-    lua.register(JOB, 2)
-    lua.client.hset(PENDING, "r2", "300")
-    lua.client.incrby(HELD_BYTES, 300)
-    second = with_reservation(admit(JOB, 2, "required"), '{"b":2}', "r2")
-    assert lua.run("admit-6", JOB, second)[0] == 4
-    assert lua.client.hgetall(HELD) == {MEMBER: "300"}
-    assert lua.client.get(HELD_BYTES) == "300"
-    assert lua.client.hlen(PENDING) == 0
-
-
-def test_a_reservation_not_made_refuses_the_queue_entry_and_changes_nothing(
-    lua: Scripts,
-) -> None:
-    lua.client.hset(PENDING, "other", "120")
+def test_a_payload_over_the_cap_is_refused_and_changes_nothing(lua: Scripts) -> None:
+    lua.client.set(HELD_BYTES, "900")
     before = lua.client.dump(JOB.job)
-    reply = lua.run("admit-6", JOB, with_reservation(admit(JOB, 1, "required"), '{"a":1}', "r1"))
+    reply = lua.run("admit-6", JOB, charged(admit(JOB, 1, "required"), '{"a":1}', 120))
     assert reply[:2] == [12, "payload_bytes"]
-    assert not lua.client.exists(JOB.effect("s"), JOB.steps, JOB.relayq, HELD, HELD_BYTES)
-    assert lua.client.dump(JOB.job) == before
-    assert lua.client.hgetall(PENDING) == {"other": "120"}
+    assert not lua.client.exists(JOB.effect("s"), JOB.steps, JOB.relayq, HELD)
+    assert lua.client.dump(JOB.job) == before and lua.client.get(HELD_BYTES) == "900"
 
 
-def test_a_synchronous_call_does_not_look_at_the_reservation(lua: Scripts) -> None:
-    lua.client.hset(PENDING, "r1", "120")
-    reply = lua.run("admit-6", JOB, with_reservation(admit(JOB, 1, "required"), "", "r1"))
-    assert reply[0] == 0  # admitted: nothing is queued, no payload is held
-    assert lua.client.hgetall(PENDING) == {"r1": "120"} and not lua.client.exists(HELD)
+def test_a_newer_generation_queueing_over_an_older_one_replaces_its_charge(
+    lua: Scripts,
+) -> None:
+    """The step was queued by generation 1 (its charge 800 held, the cap 1000); generation 2
+    supersedes it with a payload of 500: it fits, since 1's charge is replaced, atomically
+    with the queue write."""
+    assert lua.run("admit-6", JOB, charged(admit(JOB, 1, "required"), '{"a":1}', 800))[0] == 4
+    lua.register(JOB, 2)
+    assert lua.run("admit-6", JOB, charged(admit(JOB, 2, "required"), '{"b":2}', 500))[0] == 4
+    assert lua.client.hgetall(HELD) == {MEMBER: "500"}
+    assert lua.client.get(HELD_BYTES) == "500"
 
 
-def test_a_recorded_step_replays_whatever_the_reservation(lua: Scripts) -> None:
+def test_a_call_that_does_not_queue_charges_nothing(lua: Scripts) -> None:
+    """A synchronous call, and a replay of a recorded step, whatever the cap."""
+    lua.client.set(HELD_BYTES, "1000")
+    assert lua.run("admit-6", JOB, charged(admit(JOB, 1, "required"), "", 120))[0] == 0
     lua.client.hset(
-        JOB.effect("s"),
+        JOB.effect("r"),
         mapping={"state": "succeeded", "intent_sha256": "a" * 64, "generation": "1",
                  "result": "{}", "adapter": "hook", "operation": "send"},
     )  # fmt: skip
-    reply = lua.run("admit-6", JOB, with_reservation(admit(JOB, 1, "required"), '{"a":1}', "r1"))
-    assert reply[0] == 1
+    keys, args = charged(admit(JOB, 1, "required"), '{"a":1}', 120)
+    argv = list(args)
+    argv[8] = "r"  # ARGV[9]: the recorded step
+    keys = (keys[0], JOB.effect("r"), *keys[2:])
+    assert lua.run("admit-6", JOB, (keys, tuple(argv)))[0] == 1
+    assert lua.client.get(HELD_BYTES) == "1000" and not lua.client.exists(HELD)

@@ -89,35 +89,11 @@ def test_the_ledger_tail_drops_the_sum_once_nothing_is_charged(redis_sync: redis
     assert redis_sync.hgetall(keys[0]) == {"k": "7"} and redis_sync.get(keys[2]) == "7"
 
 
-def test_a_remembered_reservation_sent_again_after_its_admit_settled_it_counts_once(
-    redis_sync: redis.Redis,
-) -> None:
-    """A reservation sent in the admit's pipeline (with its memory key): the admit settles it
-    (closes it) in the same pipeline, the connection drops before the replies, both are sent
-    again: the reservation answers what it answered and counts nothing; a refused one keeps
-    no memory."""
-    reserve = PlainScript.load("quota-reserve-3")
-    held_bytes, pending = "fg:quota:{t}:held_bytes", "fg:quota:{t}:held_pending"
-    memory = "fg:quota:{t}:req:a"
-
-    def send(rid: str, mem: str) -> int:
-        keys = (held_bytes, pending, mem)
-        return int(redis_sync.eval(reserve.source, 3, *keys, "100", "150", "60", rid, "60000"))
-
-    assert send("a", memory) == 100
-    redis_sync.hdel(pending, "a")  # the admit queued the payload: the step holds it now
-    assert send("a", memory) == 100
-    assert redis_sync.get(held_bytes) == "100" and redis_sync.hgetall(pending) == {}
-    assert 0 < redis_sync.pttl(memory) <= 60_000
-    assert send("b", "fg:quota:{t}:req:b") == -1  # over the cap
-    assert not redis_sync.exists("fg:quota:{t}:req:b")
-
-
 def test_a_quota_call_sent_again_counts_once(redis_sync: redis.Redis) -> None:
     """The auto-pipeline re-sends a call whose connection dropped before its reply: a
     reservation finds itself open and counts nothing again, a settlement answers its first
     run's reply (includes/once); a refused reservation writes nothing."""
-    reserve = PlainScript.load("quota-reserve-3")
+    reserve = PlainScript.load("quota-reserve-2")
     settle = PlainScript.load("quota-settle-4")
     checkpoint = PlainScript.load("quota-settle-checkpoint-4")
     held, held_bytes, pending = (
@@ -161,7 +137,7 @@ def test_a_settlement_after_its_reservation_was_given_back_counts_it_again(
     """The reconciliation gave an open reservation back as abandoned (quota-drop-2 on the open
     reservations); its settlement arrives after all: stored, it is counted again; not
     stored, it is not given back twice."""
-    reserve, settle = PlainScript.load("quota-reserve-3"), PlainScript.load("quota-settle-4")
+    reserve, settle = PlainScript.load("quota-reserve-2"), PlainScript.load("quota-settle-4")
     drop = PlainScript.load("quota-drop-2")
     held, held_bytes, pending = (
         f"fg:quota:{{t}}:{k}" for k in ("held", "held_bytes", "held_pending")

@@ -29,18 +29,15 @@
              dispatch or queue entry (effects_per_window), 'p' no new queue entry
              (payload_bytes; ARGV[16] is then a placeholder, never stored); '' none (a
              rejection answered but not audited is ARGV[8])
-    ARGV[20] the tenant's open payload reservations fg:quota:{<tenant>}:held_pending, or ''
-             (quota-reserve-3; '' on a Cluster, where that key lives in another slot)
-    ARGV[21] the reservation of this call's payload there: the gateway sent it in the same
-             pipeline, just before this call; not open (refused, or not run yet) is
-             'payload_bytes' for a call that would queue, as ARGV[19]'s 'p'
-    ARGV[22] the tenant's held payloads fg:quota:{<tenant>}:held   ([job, step] -> charge)
-    ARGV[23] their total fg:quota:{<tenant>}:held_bytes
-    ARGV[24] this step's member there ([job, step]), ARGV[25] the counters' ttl, seconds
-             (with ARGV[20]: queueing the payload settles the reservation here, in the same
-             atomic step: the step holds the reservation's charge, an older charge of the
-             step is given back, the reservation is closed; a settlement that came later
-             could land after a newer generation's and undo its charge)
+    ARGV[20] the tenant's held payloads fg:quota:{<tenant>}:held ([job, step] -> charge), or
+             '' (a Cluster, where the tenant's keys are another slot: the gateway reserved the
+             payload before this call, and ARGV[19] says whether it fitted)
+    ARGV[21] their total fg:quota:{<tenant>}:held_bytes, ARGV[22] this step's member there
+             ([job, step]), ARGV[23] this payload's charge, ARGV[24] the tenant's cap
+             (payload_bytes, 0: none), ARGV[25] the counters' ttl, seconds. A call that would
+             queue its payload is refused 'payload_bytes' when the charge does not fit (a
+             charge the step holds already is replaced, so it does not count); queueing it
+             charges it here, in the same atomic step
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
@@ -117,12 +114,14 @@ local dirty = false  -- this call changed the step already (a dispatch past its 
 
 -- the quota a call that would pin (queues: async, with its payload) or claim the step runs
 -- into, or nil. Checked before anything of the step is written: a refused call changes nothing.
+local held, charge, cap = ARGV[20] or '', tonumber(ARGV[23] or '0'), tonumber(ARGV[24] or '0')
 local function over(queues)
   if string.find(closed, 'e', 1, true) then return 'effects_per_window' end
   if queues and string.find(closed, 'p', 1, true) then return 'payload_bytes' end
-  local held = ARGV[20] or ''
-  if queues and held ~= '' and redis.call('HEXISTS', held, ARGV[21]) == 0 then
-    return 'payload_bytes'
+  if queues and held ~= '' and cap > 0 then
+    local total = tonumber(redis.call('GET', ARGV[21]) or '0')
+    local old = tonumber(redis.call('HGET', held, ARGV[22]) or '0')
+    if total - old + charge > cap then return 'payload_bytes' end
   end
   return nil
 end
@@ -199,14 +198,12 @@ local function enqueue()
   redis.call('ZADD', KEYS[5], now, member)
   index(KEYS[6], member, 'pending')
   touch()
-  local pending = ARGV[20] or ''
-  if pending ~= '' then  -- the reservation becomes the step's charge (over() saw it open)
-    local charge = redis.call('HGET', pending, ARGV[21])
-    redis.call('HDEL', pending, ARGV[21])
-    local old = tonumber(redis.call('HGET', ARGV[22], ARGV[24]) or '0')
-    redis.call('HSET', ARGV[22], ARGV[24], charge)
-    redis.call('EXPIRE', ARGV[22], ARGV[25])
-    if old ~= 0 and redis.call('INCRBY', ARGV[23], -old) <= 0 then redis.call('DEL', ARGV[23]) end
+  if held ~= '' then  -- the step holds this payload's charge (over() saw it fit)
+    local old = tonumber(redis.call('HGET', held, ARGV[22]) or '0')
+    redis.call('HSET', held, ARGV[22], ARGV[23])
+    if redis.call('INCRBY', ARGV[21], charge - old) <= 0 then redis.call('DEL', ARGV[21]) end
+    redis.call('EXPIRE', held, ARGV[25])
+    if redis.call('EXISTS', ARGV[21]) == 1 then redis.call('EXPIRE', ARGV[21], ARGV[25]) end
   end
   return done({4, superseded, registered})
 end

@@ -6,7 +6,7 @@
     KEYS[1] held hash      fg:quota:{<tenant>}:held           ([job, step] -> charge)
     KEYS[2] held_bytes     fg:quota:{<tenant>}:held_bytes
     KEYS[3] this call's memory   fg:quota:{<tenant>}:req:<call id>
-    KEYS[4] open reservations    fg:quota:{<tenant>}:held_pending   (quota-reserve-3)
+    KEYS[4] open reservations    fg:quota:{<tenant>}:held_pending   (quota-reserve-2)
     ARGV[1] member, ARGV[2] charge, ARGV[3] '1': stored, ARGV[4] ttl seconds,
     ARGV[5] memory ms, ARGV[6] the reservation's id
 

@@ -6,7 +6,7 @@
     KEYS[1] the checkpoint charges per job   fg:quota:{<tenant>}:ckpt   (job -> charge)
     KEYS[2] ckpt_bytes                       fg:quota:{<tenant>}:ckpt_bytes
     KEYS[3] this call's memory               fg:quota:{<tenant>}:req:<call id>
-    KEYS[4] open reservations                fg:quota:{<tenant>}:ckpt_pending (quota-reserve-3)
+    KEYS[4] open reservations                fg:quota:{<tenant>}:ckpt_pending (quota-reserve-2)
     ARGV[1] job, ARGV[2] reserved, ARGV[3] what the write stored (its charge minus the one
     it replaced; 0: nothing), ARGV[4] ttl seconds, ARGV[5] memory ms, ARGV[6] the
     reservation's id ('': the write reserved nothing)
