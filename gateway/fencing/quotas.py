@@ -226,9 +226,10 @@ class Quotas:
         if not (caps.effects or caps.rejections or (call.payload_bytes and caps.payload)):
             return OPEN  # nothing of this call is capped (a sync call under a payload cap only)
         index, _ = self._window()
+        folds = self._counters.folds  # the admit charges payloads and effect calls itself
         closed = ""
         windows: tuple[tuple[Window, int, str], ...] = (
-            ("fx", caps.effects, "e"),
+            ("fx", 0 if folds else caps.effects, "e"),
             ("rj", caps.rejections, "r"),
         )
         for kind, cap, letter in windows:
@@ -243,12 +244,17 @@ class Quotas:
             )
             if count >= cap:
                 closed += letter
+        payload = call.payload_bytes and caps.payload
+        if folds and (payload or caps.effects):
+            args = self._counters.admit_args(
+                call.keys,
+                call.step,
+                payload=(call.payload_bytes + PAYLOAD_OVERHEAD, caps.payload) if payload else None,
+                effects=(index, caps.effects) if caps.effects else None,
+            )
+            return Gate(closed, None, args)
         hold = None
-        if call.payload_bytes and caps.payload and "e" not in closed:
-            if self._counters.folds:  # charged by the admit itself, atomically
-                charge = call.payload_bytes + PAYLOAD_OVERHEAD
-                args = self._counters.admit_args(call.keys, call.step, charge, caps.payload)
-                return Gate(closed, None, args)
+        if payload and "e" not in closed:
             hold = await self._reserve_payload(call.keys.tenant, call.payload_bytes, caps.payload)
             if hold is None:
                 closed += "p"
@@ -276,7 +282,7 @@ class Quotas:
         index, left = self._window()
         caps = self.caps(tenant)
         if isinstance(outcome, Admitted) or (isinstance(outcome, Queued) and not outcome.repeated):
-            if caps.effects:
+            if caps.effects and not gate.reservation:  # else the admit counted it
                 self._charge(tenant, "fx", index)
         elif isinstance(outcome, Rejection):
             audited = "r" not in gate.closed

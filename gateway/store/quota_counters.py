@@ -127,12 +127,28 @@ class QuotaCounters:
         reply = await self._int(RESERVE, keys, [amount, cap, self._ttl, reservation])
         return "" if reply == OVER_CAP else reservation
 
-    def admit_args(self, keys: JobKeys, step: str, charge: int, cap: int) -> tuple[str, ...]:
-        """What the admit needs to charge a payload it queues, in its own atomic step, against
-        the tenant's cap (admit-6's ARGV[20] to ARGV[25]; :attr:`folds`)."""
+    def admit_args(
+        self,
+        keys: JobKeys,
+        step: str,
+        *,
+        payload: tuple[int, int] | None,
+        effects: tuple[int, int] | None,
+    ) -> tuple[str, ...]:
+        """What the admit needs to charge, in its own atomic step (:attr:`folds`), an async
+        payload (``(charge, cap)``: admit-6's ARGV[20] to ARGV[25]) and an effect call of the
+        window (``(window index, cap)``: ARGV[26] to ARGV[28]); '' for what is not charged."""
         p = quota_prefix(keys.tenant)
-        member = held_member(keys.job_id, step)
-        return (f"{p}:held", f"{p}:held_bytes", member, str(charge), str(cap), self._ttl)
+        held: tuple[str, ...] = ("",) * 6
+        if payload is not None:
+            charge, cap = payload
+            member = held_member(keys.job_id, step)
+            held = (f"{p}:held", f"{p}:held_bytes", member, str(charge), str(cap), self._ttl)
+        window: tuple[str, ...] = ()
+        if effects is not None:
+            index, cap = effects
+            window = (self.window_key(keys.tenant, "fx", index), str(cap), self._window_ttl)
+        return (*held, *window)
 
     async def settle_payload(
         self, keys: JobKeys, step: str, charge: int, reservation: str, *, stored: bool

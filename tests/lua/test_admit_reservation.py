@@ -73,3 +73,39 @@ def test_a_call_that_does_not_queue_charges_nothing(lua: Scripts) -> None:
     keys = (keys[0], JOB.effect("r"), *keys[2:])
     assert lua.run("admit-6", JOB, (keys, tuple(argv)))[0] == 1
     assert lua.client.get(HELD_BYTES) == "1000" and not lua.client.exists(HELD)
+
+
+def windowed(call: Call, cap: int) -> Call:
+    """The admit ``call`` (synchronous) counted in the tenant's effects window (ARGV[26..28])."""
+    keys, args = call
+    return keys, (*args, "", *("",) * 6, WINDOW, str(cap), "3660")
+
+
+WINDOW = "fg:quota:{t}:fx:7"
+
+
+def test_an_effect_call_that_claims_the_step_is_counted_in_its_window_up_to_the_cap(
+    lua: Scripts,
+) -> None:
+    """Two calls under a cap of 2 claim their steps and are counted (the window's TTL set with
+    its first count); the third is refused at the cap and changes nothing; a replay of a
+    claimed step is neither counted nor refused."""
+    for step in ("a", "b"):
+        keys, args = windowed(admit(JOB, 1, "required"), 2)
+        argv = list(args)
+        argv[8] = step  # ARGV[9]
+        assert (
+            lua.run("admit-6", JOB, ((keys[0], JOB.effect(step), *keys[2:]), tuple(argv)))[0] == 0
+        )
+    assert lua.client.get(WINDOW) == "2" and 0 < lua.client.ttl(WINDOW) <= 3660
+    keys, args = windowed(admit(JOB, 1, "required"), 2)
+    argv = list(args)
+    argv[8] = "c"
+    third = lua.run("admit-6", JOB, ((keys[0], JOB.effect("c"), *keys[2:]), tuple(argv)))
+    assert third[:2] == [12, "effects_per_window"] and not lua.client.exists(JOB.effect("c"))
+    lua.client.hset(JOB.effect("a"), mapping={"state": "succeeded", "result": "{}"})
+    keys, args = windowed(admit(JOB, 1, "required"), 2)
+    argv = list(args)
+    argv[8] = "a"
+    assert lua.run("admit-6", JOB, ((keys[0], JOB.effect("a"), *keys[2:]), tuple(argv)))[0] == 1
+    assert lua.client.get(WINDOW) == "2"

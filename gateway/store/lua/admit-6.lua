@@ -38,6 +38,11 @@
              queue its payload is refused 'payload_bytes' when the charge does not fit (a
              charge the step holds already is replaced, so it does not count); queueing it
              charges it here, in the same atomic step
+    ARGV[26] the tenant's effects counter of this window fg:quota:{<tenant>}:fx:<window>, or
+             '' (a Cluster: ARGV[19]'s 'e' from the gateway's view), ARGV[27] its cap
+             (effects_per_window), ARGV[28] its ttl, seconds. A call that would claim or
+             queue the step is refused 'effects_per_window' at the cap; one that claims or
+             queues it is counted here, in the same atomic step
 
   Output:
     {0, dispatch_id, fence, deadline_ms, resolving, superseded_audit_id, registered_audit_id}
@@ -115,8 +120,12 @@ local dirty = false  -- this call changed the step already (a dispatch past its 
 -- the quota a call that would pin (queues: async, with its payload) or claim the step runs
 -- into, or nil. Checked before anything of the step is written: a refused call changes nothing.
 local held, charge, cap = ARGV[20] or '', tonumber(ARGV[23] or '0'), tonumber(ARGV[24] or '0')
+local effects, effects_cap = ARGV[26] or '', tonumber(ARGV[27] or '0')
 local function over(queues)
   if string.find(closed, 'e', 1, true) then return 'effects_per_window' end
+  if effects ~= '' and tonumber(redis.call('GET', effects) or '0') >= effects_cap then
+    return 'effects_per_window'
+  end
   if queues and string.find(closed, 'p', 1, true) then return 'payload_bytes' end
   if queues and held ~= '' and cap > 0 then
     local total = tonumber(redis.call('GET', ARGV[21]) or '0')
@@ -124,6 +133,13 @@ local function over(queues)
     if total - old + charge > cap then return 'payload_bytes' end
   end
   return nil
+end
+
+-- a call that claims or queues the step spends one effect call of the window
+local function count_effect()
+  if effects ~= '' and redis.call('INCR', effects) == 1 then
+    redis.call('EXPIRE', effects, ARGV[28])
+  end
 end
 
 local function refuse(quota)
@@ -185,6 +201,7 @@ local function claim(resolving)
   if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
   index(KEYS[6], member, 'dispatching', fmt(deadline))
   touch()
+  count_effect()
   return done({0, ARGV[13], fmt(fence), fmt(deadline), resolving, superseded, registered})
 end
 
@@ -205,6 +222,7 @@ local function enqueue()
     redis.call('EXPIRE', held, ARGV[25])
     if redis.call('EXISTS', ARGV[21]) == 1 then redis.call('EXPIRE', ARGV[21], ARGV[25]) end
   end
+  count_effect()
   return done({4, superseded, registered})
 end
 
