@@ -133,12 +133,8 @@ def classify(gen: int, name: str, info: ObjectInfo, job: _JobState, now_ms: int)
         if int(promoted.get("generation", -1)) == gen and promoted.get("key") == info.key:
             return None
         return "completed"
-    if job.cancelled:
-        return "cancelled"
-    if job.fence is None or gen > job.fence:
-        return "unknown"
-    if gen < job.fence:
-        return "stale"
+    if (reason := _past(gen, job)) is not None:
+        return reason
     entry = job.entries.get(f"{gen}/{name}")
     if entry is not None and entry.key == info.key:
         if entry.state == "recorded":
@@ -156,13 +152,22 @@ def classify_signed(gen: int, job: _JobState, now_ms: int, valid_until_ms: int) 
         return "unknown"
     if job.completed is not None:
         return "completed"
+    if (reason := _past(gen, job)) is not None:
+        return reason
+    return None if valid_until_ms > now_ms else "unrecorded"
+
+
+def _past(gen: int, job: _JobState) -> str | None:
+    """What an object of generation ``gen`` of a job not completed is by the job alone:
+    ``cancelled``, ``unknown`` (a generation the fence never reached), ``stale``; None for the
+    current generation."""
     if job.cancelled:
         return "cancelled"
     if job.fence is None or gen > job.fence:
         return "unknown"
     if gen < job.fence:
         return "stale"
-    return None if valid_until_ms > now_ms else "unrecorded"
+    return None
 
 
 def classify_staging(
