@@ -262,11 +262,12 @@ class Quotas:
 
     async def refolded(self, call: AdmitCall, gate: Gate) -> Gate | None:
         """The admit found the payload over the tenant's cap: one reconciliation (payloads the
-        relay delivered are charged until one runs), then the gate to admit once more with;
-        None when it freed nothing (the refusal stands)."""
-        if await self.reconcile(call.keys.tenant):
-            return gate
-        return None
+        relay delivered are charged until one runs), then the gate to admit once more with,
+        whatever this run freed: another process's run may have given the same entries back
+        first, and the admit checks the cap again atomically (a second refusal writes
+        nothing)."""
+        await self.reconcile(call.keys.tenant)
+        return gate
 
     async def after(
         self, call: AdmitCall, gate: Gate, outcome: AdmitVerdict | BaseException

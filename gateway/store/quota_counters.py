@@ -190,21 +190,31 @@ class QuotaCounters:
             items = list(held.items())
             for i in range(0, len(items), 1000):
                 chunk = items[i : i + 1000]
+                checks = [self._thing(tenant, pool, member) for member, _ in chunk]
                 async with self._client.pipeline(transaction=False) as pipe:
-                    for member, _ in chunk:
+                    for check in checks:
                         if pool == "held":
-                            job, step = json.loads(member)
-                            pipe.hget(JobKeys(tenant, job).effect(step), "payload_sha")
+                            pipe.hget(check, "payload_sha")
                         else:
-                            pipe.exists(JobKeys(tenant, member).ckpt)
+                            pipe.exists(check)
                     found = await pipe.execute()
-                for (member, charge), there in zip(chunk, found, strict=True):
-                    if not there:
-                        gone += [member, charge]
+                for (member, charge), check, there in zip(chunk, checks, found, strict=True):
+                    if not there:  # checked again by the drop where it can (standalone)
+                        gone += [member, charge, check if self.folds else ""]
         freed = 0
-        for i in range(0, len(gone), 2000):
-            freed += await self._int(DROP, [f"{p}:{pool}", f"{p}:{pool}_bytes"], gone[i : i + 2000])
+        for i in range(0, len(gone), 3000):
+            keys = [f"{p}:{pool}", f"{p}:{pool}_bytes"]
+            freed += await self._int(DROP, keys, [pool, *gone[i : i + 3000]])
         return freed + await self._drop_abandoned(tenant, pool)
+
+    @staticmethod
+    def _thing(tenant: str, pool: Pool, member: str) -> str:
+        """The key whose presence says an entry's thing is still in Redis: a held payload's
+        effect hash (with its payload_sha), a job's checkpoints."""
+        if pool == "held":
+            job, step = json.loads(member)
+            return JobKeys(tenant, job).effect(step)
+        return JobKeys(tenant, member).ckpt
 
     async def _drop_abandoned(self, tenant: str, pool: Pool) -> int:
         """Give back the open reservations of ``pool`` older than
@@ -219,13 +229,13 @@ class QuotaCounters:
             made, _, _ = reservation.partition(".")
             try:
                 if int(made, 16) < before:
-                    old += [reservation, amount]
+                    old += [reservation, amount, ""]
             except ValueError:
-                old += [reservation, amount]  # not an id this module makes
+                old += [reservation, amount, ""]  # not an id this module makes
         freed = 0
-        for i in range(0, len(old), 2000):
+        for i in range(0, len(old), 3000):
             keys = [f"{p}:{pool}_pending", f"{p}:{pool}_bytes"]
-            freed += await self._int(DROP, keys, old[i : i + 2000])
+            freed += await self._int(DROP, keys, ["", *old[i : i + 3000]])
         return freed
 
     # -- the tenant's audit feed -------------------------------------------------------

@@ -145,7 +145,7 @@ def test_a_settlement_after_its_reservation_was_given_back_counts_it_again(
     for rid, stored, after in (("a", "1", "100"), ("b", "0", "0")):
         redis_sync.delete(held, held_bytes, pending)
         assert redis_sync.eval(reserve.source, 2, held_bytes, pending, "100", "0", "60", rid) == 100
-        assert redis_sync.eval(drop.source, 2, pending, held_bytes, rid, "100") == 100
+        assert redis_sync.eval(drop.source, 2, pending, held_bytes, "", rid, "100", "") == 100
         memory = f"fg:quota:{{t}}:req:{rid}"
         args = ('["j","s"]', "100", stored, "60", "60000", rid)
         assert redis_sync.eval(settle.source, 4, held, held_bytes, memory, pending, *args) == 1
@@ -178,3 +178,29 @@ def test_the_snapshot_of_a_chunk_of_jobs_is_each_jobs_own_snapshot(
         [None, None, 0, None, 0],
     ]
     assert snapshot([0, 1, 2]) == [v for one in alone for v in one]
+
+
+def test_a_reconciliation_drops_no_entry_whose_thing_came_back_since_it_read_it(
+    redis_sync: redis.Redis,
+) -> None:
+    """``quota-drop-2`` checks again what the reconciliation read: a step queued again since
+    (its effect holds a payload again, with the same charge) keeps its charge; a job whose
+    checkpoints were written again keeps its own; one still gone is given back."""
+    drop = PlainScript.load("quota-drop-2")
+    held, held_bytes = "fg:quota:{t}:held", "fg:quota:{t}:held_bytes"
+    back, gone = JobKeys("t", "j").effect("back"), JobKeys("t", "j").effect("gone")
+    redis_sync.hset(held, mapping={'["j","back"]': "100", '["j","gone"]': "100"})
+    redis_sync.set(held_bytes, "200")
+    redis_sync.hset(back, mapping={"state": "pending", "payload_sha": "a" * 64})
+    redis_sync.hset(gone, mapping={"state": "succeeded"})
+    args = ("held", '["j","back"]', "100", back, '["j","gone"]', "100", gone)
+    assert redis_sync.eval(drop.source, 2, held, held_bytes, *args) == 100
+    assert redis_sync.hgetall(held) == {'["j","back"]': "100"}
+    assert redis_sync.get(held_bytes) == "100"
+    ckpt, ckpt_bytes = "fg:quota:{t}:ckpt", "fg:quota:{t}:ckpt_bytes"
+    redis_sync.hset(ckpt, mapping={"j": "50", "k": "70"})
+    redis_sync.set(ckpt_bytes, "120")
+    redis_sync.hset(JobKeys("t", "j").ckpt, "c", "{}")  # written again
+    args = ("ckpt", "j", "50", JobKeys("t", "j").ckpt, "k", "70", JobKeys("t", "k").ckpt)
+    assert redis_sync.eval(drop.source, 2, ckpt, ckpt_bytes, *args) == 70
+    assert redis_sync.hgetall(ckpt) == {"j": "50"} and redis_sync.get(ckpt_bytes) == "50"
