@@ -156,6 +156,13 @@ class RelayQueue:
         code = int(reply[0])
         if code == RelayReply.CLAIMED:
             _, dispatch_id, gen, adapter, operation, payload, deadline = reply
+            if payload == "":  # a re-send's remembered answer: the payload is read again
+                with redis_errors():
+                    holder, payload = await self._link.client.hmget(
+                        keys.effect(step), "dispatch_id", "payload"
+                    )
+                if holder != dispatch_id or payload is None:
+                    return int(deadline)  # the claim no longer holds it: look again then
             return RelayClaim(
                 dispatch_id, int(gen), adapter, operation, json.loads(payload), int(deadline)
             )

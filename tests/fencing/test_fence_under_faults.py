@@ -266,6 +266,8 @@ async def test_a_resent_relay_claim_is_recognised(
     assert view["state"] == "succeeded", view
     assert len(upstream.received) == 1 and view["attempts"] == 1
     assert lost.fired.is_set()
+    # the re-send's remembered answer carries no payload: it was read again, and sent whole
+    assert upstream.received[0].json() == {"to": "a@example.com"}
 
 
 async def test_a_timed_out_admit_that_ran_is_not_reported_as_nothing_dispatched(

@@ -84,3 +84,22 @@ def test_a_relay_claim_past_its_bound_does_nothing(lua: Scripts) -> None:
     assert lua.client.zscore(JOB.relayq, JOB.member("s")) is not None
     ok = lua.run("relay-5", JOB, (claim_keys, (*claim, str(now_ms() + 10_000))), request_id="c1")
     assert ok[0] == 0
+
+
+def test_a_re_sent_relay_claim_is_answered_without_the_payload(lua: Scripts) -> None:
+    """The claim's reply carries the payload; what its request memory keeps for a re-send does
+    not (the payload stays in the effect hash while the claim holds the step): a relay that
+    tries a failing downstream again and again keeps no copy of it per attempt."""
+    keys, args = admit(JOB, 1, "required")
+    payload = '{"blob":"' + "x" * 5000 + '"}'
+    args = (*args[:15], payload, *args[16:])
+    assert lua.run("admit-6", JOB, (keys, args))[0] == 4
+    claim_keys = (JOB.effect("s"), JOB.job, JOB.audit, JOB.relayq, JOB.attention)
+    claim = ("c9", "30000", RETENTION, JOB.member("s"), JOB.job_id, "s", JOB.tenant, "")
+    first = lua.run("relay-5", JOB, (claim_keys, claim), request_id="c9")
+    assert first[0] == 0 and first[5] == payload
+    assert len(lua.client.get(JOB.req("c9")) or "") < 500  # no copy of the 5 kB payload
+    again = lua.run("relay-5", JOB, (claim_keys, claim), request_id="c9")
+    assert again == [*first[:5], "", first[6]]
+    assert lua.client.hget(JOB.effect("s"), "payload") == payload
+

@@ -72,7 +72,9 @@ end
 
 -- Every change a body makes ends here: the slot's counter rises (once per call)
 -- and the reply is remembered for a re-send of the same request.
-local function done(reply)
+-- remembered: what a re-send is answered, when not the reply itself (a reply carrying bulk
+-- a re-send can read again, e.g. the relay claim's payload)
+local function done(reply, remembered)
   if not wrote then
     wrote = true
     if SEQ == 0 then
@@ -82,7 +84,7 @@ local function done(reply)
       SEQ = redis.call('INCR', MARKER)
     end
   end
-  redis.call('SET', REQ_KEY, cjson.encode(reply), 'PX', REQ_TTL)
+  redis.call('SET', REQ_KEY, cjson.encode(remembered or reply), 'PX', REQ_TTL)
   return reply
 end
 

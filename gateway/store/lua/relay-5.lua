@@ -15,7 +15,9 @@
             nothing ({11}); a void of it (void-4) outlives this bound
 
   Output:
-    {0, dispatch_id, generation, adapter, operation, payload, deadline_ms}   claimed
+    {0, dispatch_id, generation, adapter, operation, payload, deadline_ms}   claimed (a
+                       re-sent claim is answered with payload '': the gateway reads it from
+                       the effect hash, where it stays while the claim holds the step)
     {2, deadline_ms}   another dispatch holds the step: look again after its deadline
     {3, why, audit_id} nothing to send; the step left the queue. why: its state (done,
                        resolved, re-pinned), 'unqueued', 'cancelled', 'job_completed'
@@ -108,4 +110,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 index(KEYS[5], member, 'dispatching', fmt(deadline))
 -- stays queued until the outcome is recorded: a relay that dies is found again at the deadline
 redis.call('ZADD', KEYS[4], deadline, member)
-return done({0, ARGV[1], fx[3], fx[4], fx[5], fx[6], fmt(deadline)})
+-- a re-send is answered without the payload (it stays in the effect hash while the claim
+-- holds the step): a claim per attempt must not keep a copy of it for the request memory
+return done({0, ARGV[1], fx[3], fx[4], fx[5], fx[6], fmt(deadline)},
+  {0, ARGV[1], fx[3], fx[4], fx[5], '', fmt(deadline)})
