@@ -102,4 +102,3 @@ def test_a_re_sent_relay_claim_is_answered_without_the_payload(lua: Scripts) -> 
     again = lua.run("relay-5", JOB, (claim_keys, claim), request_id="c9")
     assert again == [*first[:5], "", first[6]]
     assert lua.client.hget(JOB.effect("s"), "payload") == payload
-

@@ -424,6 +424,8 @@ def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
         return (code, rec.get("state"), rec.get("generation"), rec.get("intent_sha256"))
     if script in ("register-2", "cancel-1"):  # 201 / 200 "already": the documented retry
         return ("ok", *reply[1:])
+    if script == "relay-5" and code == 0:  # claimed; a re-send's answer leaves the payload
+        return (0, *reply[1:5], *reply[6:])  # out: the store reads it from the effect hash
     return tuple(reply)
 
 
