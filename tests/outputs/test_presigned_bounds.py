@@ -11,19 +11,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.outputs import JOB, Objects, put, register
+from tests.support.outputs import JOB, Objects, complete, put, register
 
 pytestmark = pytest.mark.parametrize("objects", ["s3"], indirect=True)
 
 PAGE = b"<!doctype html><script>fetch('/steal?c=' + document.cookie)</script>"
-
-
-async def complete(gw: Any, token: int, outputs: list[str]) -> Any:
-    return await gw.client.post(
-        f"/v1/jobs/{JOB}/complete",
-        json={"outputs": outputs, "result": None},
-        headers={"Fencing-Token": str(token)},
-    )
 
 
 async def test_a_presigned_upload_over_max_bytes_is_refused_deleted_and_not_promoted(

@@ -17,19 +17,11 @@ from gateway.fencing.outputs_sweep import sweep
 from gateway.http.outputs import OUTPUTS
 from gateway.objects import ObjectStore
 from gateway.store.keys import JobKeys
-from tests.support.outputs import JOB, Objects, register, sha
+from tests.support.outputs import JOB, Objects, complete, register, sha
 
 pytestmark = pytest.mark.parametrize("objects", ["s3"], indirect=True)
 
 OFFICIAL = b"the official bytes"
-
-
-async def complete(gw: Any, token: int, outputs: list[str]) -> Any:
-    return await gw.client.post(
-        f"/v1/jobs/{JOB}/complete",
-        json={"outputs": outputs, "result": None},
-        headers={"Fencing-Token": str(token)},
-    )
 
 
 async def signed(gw: Any, gen: int, name: str = "report") -> dict[str, Any]:

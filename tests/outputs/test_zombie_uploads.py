@@ -28,17 +28,8 @@ from gateway.http import appkeys as K
 from gateway.http.outputs import OUTPUTS
 from gateway.store.embedded import free_port
 from tests.conftest import key_digest
-from tests.support.outputs import JOB, Objects, put, register, sha, write_config
+from tests.support.outputs import JOB, Objects, complete, put, register, sha, write_config
 from tests.support.wire import WireProxy
-
-
-async def complete(gw: Any, token: int, outputs: list[str], result: Any = None) -> Any:
-    return await gw.client.post(
-        f"/v1/jobs/{JOB}/complete",
-        json={"outputs": outputs, "result": result},
-        headers={**gw.headers, "Fencing-Token": str(token)},
-    )
-
 
 # -- a promoted object is never overwritten ---------------------------------------------
 

@@ -123,6 +123,15 @@ async def put(
     return resp
 
 
+async def complete(gw: Any, token: int, outputs: list[str], result: Any = None) -> Any:
+    """The completion of :data:`JOB` by generation ``token`` naming ``outputs``."""
+    return await gw.client.post(
+        f"/v1/jobs/{JOB}/complete",
+        json={"outputs": outputs, "result": result},
+        headers={**gw.headers, "Fencing-Token": str(token)},
+    )
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
