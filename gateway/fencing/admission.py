@@ -9,10 +9,11 @@ it. It is asked twice per effect call:
   answer or a rejection is answered as without the hook). It may raise a
   :class:`~gateway.core.errors.FencegateError` only for a refusal that holds whatever the
   verdict would be.
-* :meth:`Admission.refolded` — only when the gate asked the script to charge something
-  itself (``Gate.reservation``: an async payload's bytes, counted in the deciding script, so
-  the call pays no round trip of its own for it) and the script found it over the cap: the
-  gate for one more admit (after the hook made room), or None: the refusal stands.
+* :meth:`Admission.make_room` — only when the gate asked the script to charge something
+  itself (``Gate.charges``: an async payload's bytes, counted in the deciding script, so the
+  call pays no round trip of its own for them) and the script found it over the cap: the hook
+  makes what room it can, and the call is admitted once more with the same gate (the script
+  checks the cap again, atomically; a second refusal writes nothing).
 * :meth:`Admission.after` — with the verdict (or the error the admit raised), once, always.
   It charges what the verdict consumed, and turns an
   :class:`~gateway.core.records.OverQuota` verdict into its problem (it must raise then).
@@ -52,9 +53,9 @@ class Gate:
     # rejections answered but not audited (the fenced call's ARGV[8], includes/fence)
     closed: str = ""
     hold: Any = None  # the hook's own state between the two calls (a payload reservation)
-    # what the script charges itself when it queues a payload, against the tenant's cap
-    # (admit-6's ARGV[20] to ARGV[25]); () none
-    reservation: tuple[str, ...] = ()
+    # what the script charges itself, against the tenant's caps: a payload it queues, an
+    # effect call it claims or queues (admit-6's ARGV[20] to ARGV[28]); () none
+    charges: tuple[str, ...] = ()
 
 
 OPEN = Gate()
@@ -63,7 +64,7 @@ OPEN = Gate()
 class Admission(Protocol):
     async def before(self, call: AdmitCall) -> Gate: ...
 
-    async def refolded(self, call: AdmitCall, gate: Gate) -> Gate | None: ...
+    async def make_room(self, call: AdmitCall) -> None: ...
 
     async def after(
         self, call: AdmitCall, gate: Gate, outcome: AdmitVerdict | BaseException

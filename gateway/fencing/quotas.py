@@ -260,14 +260,11 @@ class Quotas:
                 closed += "p"
         return Gate(closed, hold) if closed or hold else OPEN
 
-    async def refolded(self, call: AdmitCall, gate: Gate) -> Gate | None:
+    async def make_room(self, call: AdmitCall) -> None:
         """The admit found the payload over the tenant's cap: one reconciliation (payloads the
-        relay delivered are charged until one runs), then the gate to admit once more with,
-        whatever this run freed: another process's run may have given the same entries back
-        first, and the admit checks the cap again atomically (a second refusal writes
-        nothing)."""
+        relay delivered are charged until one runs). The call is admitted once more whatever
+        this run freed: another process's run may have given the same entries back first."""
         await self.reconcile(call.keys.tenant)
-        return gate
 
     async def after(
         self, call: AdmitCall, gate: Gate, outcome: AdmitVerdict | BaseException
@@ -283,7 +280,7 @@ class Quotas:
         index, left = self._window()
         caps = self.caps(tenant)
         if isinstance(outcome, Admitted) or (isinstance(outcome, Queued) and not outcome.repeated):
-            if caps.effects and not gate.reservation:  # else the admit counted it
+            if caps.effects and not gate.charges:  # else the admit counted it
                 self._charge(tenant, "fx", index)
         elif isinstance(outcome, Rejection):
             audited = "r" not in gate.closed

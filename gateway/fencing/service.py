@@ -193,16 +193,14 @@ class EffectService:
             )
             if (
                 admission is not None
-                and gate.reservation
+                and gate.charges
                 and isinstance(verdict, OverQuota)
                 and verdict.quota == "payload_bytes"
-            ):  # over the cap in the script: once more if the hook made room
-                again = await admission.refolded(call, gate)
-                if again is not None:
-                    gate = again
-                    verdict = await self._admit(
-                        keys, step, payload_json=_sent(payload_json, gate), **_gated(gate), **fields
-                    )
+            ):  # over the cap in the script: once more, after the hook made what room it can
+                await admission.make_room(call)
+                verdict = await self._admit(
+                    keys, step, payload_json=_sent(payload_json, gate), **_gated(gate), **fields
+                )
         except BaseException as exc:
             if admission is not None:
                 await admission.after(call, gate, exc)
@@ -329,4 +327,4 @@ def _sent(payload_json: str, gate: Gate) -> str:
 
 def _gated(gate: Gate) -> dict[str, Any]:
     """The admit's arguments from the admission's gate."""
-    return {"closed": gate.closed, "reservation": gate.reservation}
+    return {"closed": gate.closed, "charges": gate.charges}

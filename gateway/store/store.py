@@ -388,7 +388,7 @@ class Decisions:
         by: str = "",
         run_before_ms: int | None = None,
         closed: str = "",
-        reservation: tuple[str, ...] = (),
+        charges: tuple[str, ...] = (),
     ) -> AdmitVerdict:
         """Admit a call; with ``payload_json`` (async) the intent is queued for the relay.
 
@@ -397,9 +397,9 @@ class Decisions:
         too (the first send's bound, see :meth:`RedisLink.run_bounded`: a copy arriving later
         does nothing).
         ``closed``: the tenant's used-up quotas (admit-6's ARGV[19]; 'r' is its ARGV[8]) ->
-        ``OverQuota``. ``reservation``: an async payload's charge against the tenant's cap
-        (admit-6's ARGV[20] to ARGV[25], ``QuotaCounters.admit_args``): over it ->
-        ``OverQuota('payload_bytes')`` for a call that would queue; queued, it is charged.
+        ``OverQuota``. ``charges``: what the script charges against the tenant's caps
+        (admit-6's ARGV[20] to ARGV[28], ``QuotaCounters.admit_args``): over one ->
+        ``OverQuota``; a payload queued and an effect call claimed or queued are charged.
         """
         dispatch_id = dispatch_id or scripts.new_dispatch_id()
         reply = await self._link.run_bounded(
@@ -428,7 +428,7 @@ class Decisions:
             ),
             dispatch_id,
             run_before_ms,
-            (closed, *reservation),
+            (closed, *charges),
         )
         code = int(reply[0])
         if len(reply) == _REGISTERED_LAST.get(code) and reply[-1]:  # implicit registration
