@@ -302,9 +302,12 @@ async def test_oversize_chunked_body_is_cut_while_streaming(ogw: Any, objects: O
     assert (await put(ogw, gen, b"fits")).status == 201
 
 
-async def _raw_put(gw: Any, head_length: int, body: bytes, token: int) -> bytes:
+async def _raw_put(
+    gw: Any, head_length: int, body: bytes, token: int, *, after: asyncio.Event | None = None
+) -> bytes:
     """A PUT written by hand: the Content-Length header says ``head_length``, ``body`` is
-    what is sent; then the client closes its side (a short body, a client going away)."""
+    what is sent; then the client closes its side (a short body, a client going away):
+    0.2 s later, or once ``after`` is set (a reply held on the wire: it goes while held)."""
     host, port = gw.client.host, gw.client.port
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
@@ -316,7 +319,10 @@ async def _raw_put(gw: Any, head_length: int, body: bytes, token: int) -> bytes:
         + body
     )
     await writer.drain()
-    await asyncio.sleep(0.2)
+    if after is None:
+        await asyncio.sleep(0.2)
+    else:
+        await asyncio.wait_for(after.wait(), 10)
     writer.write_eof()
     try:
         answer = await asyncio.wait_for(reader.read(), 5)
@@ -370,7 +376,9 @@ async def test_a_client_gone_while_a_reply_is_in_flight_leaves_no_claim_and_no_c
     rule = wire.on_reply_to(
         f"{JOB}/g{gen}/report".encode(), "hold", seconds=1.0, skip=int(held == "stage")
     )
-    await _raw_put(gw, 500_000, b"only part of it" * 100, gen)
+    # the client hangs up while that reply is held (under load the stage can come later
+    # than any fixed wait)
+    await _raw_put(gw, 500_000, b"only part of it" * 100, gen, after=rule.fired)
     assert rule.fired.is_set()
     outputs_key = f"fg:{{default/{JOB}}}:outputs"
     charged = "fg:quota:{default}:out_bytes"
