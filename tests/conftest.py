@@ -23,6 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiosmtpd.controller import Controller
 
 from gateway.http.app import create_app
+from gateway.http.hotlane import hot_lane_of
 from gateway.runtime.settings import Settings, load_settings
 from gateway.store.embedded import EmbeddedRedis, free_port
 from tests.support.peers import JiraPeer, Sink, StripePeer, serving
@@ -227,6 +228,17 @@ def gateway_settings(
     return load_settings(None, redis=redis_section, adapters=adapters, **sections)
 
 
+def serve_hot_lane(client: TestClient[Any, Any]) -> None:
+    """The hot lane in front of a test server, as ``fencegate serve`` puts it (every in-process
+    gateway test goes through it, as production does)."""
+    runner = client.server.runner
+    assert runner is not None and runner.server is not None
+    app = client.server.app
+    lane = hot_lane_of(app)
+    assert lane is not None
+    lane.serve(app, runner.server)
+
+
 async def start_gateway(
     settings: Settings,
     tmp_path: Path,
@@ -242,6 +254,7 @@ async def start_gateway(
     )
     client = TestClient(TestServer(app, host="127.0.0.1", port=0))
     await client.start_server()
+    serve_hot_lane(client)
     clients.append(client)
     return Gateway(client=client, app=app, settings=settings, headers=headers or {})
 

@@ -22,6 +22,7 @@ from typing import cast
 import aiohttp
 import structlog
 from aiohttp import web
+from aiohttp.web_urldispatcher import AbstractRoute
 
 from adapters.base import Adapter, AdapterContext
 from adapters.registry import build_adapters, validate_configs
@@ -43,6 +44,7 @@ from gateway.http.browser import BrowserGuard
 from gateway.http.codings import HANDLER_ARGS
 from gateway.http.connections import GUARD, GuardSlot, body_refusal, guard_of, write_response
 from gateway.http.expect import continue_now
+from gateway.http.hotlane import HOT_LANE, HotLane
 from gateway.http.job_state_views import JOB_ROUTES
 from gateway.http.openapi import openapi_document
 from gateway.http.outputs import OUTPUT_ROUTES, OUTPUTS
@@ -498,12 +500,20 @@ async def _flush_log_lines(app: web.Application) -> None:
     flush_logs()  # the buffered request lines of the last requests
 
 
-def _add_routes(app: web.Application) -> None:
+def _add_routes(app: web.Application) -> dict[str, AbstractRoute]:
+    """Mount the route table; returns the hot routes (the effect call and the heartbeat, which
+    the hot lane serves) by their handler's name."""
+    hot: dict[str, AbstractRoute] = {}
     # the router tries routes sharing a prefix in the order added: the hot ones first
     for route in sorted(
         (*ROUTES, *JOB_ROUTES, *OUTPUT_ROUTES), key=lambda r: r.handler not in HOT_HANDLERS
     ):
-        app.router.add_route(route.method, route.path, route.handler, expect_handler=continue_now)
+        added = app.router.add_route(
+            route.method, route.path, route.handler, expect_handler=continue_now
+        )
+        if route.handler in HOT_HANDLERS:
+            hot[route.handler.__name__] = added
+    return hot
 
 
 def create_app(
@@ -518,10 +528,11 @@ def create_app(
     """Build the gateway. Adapter configs are validated here, before anything starts."""
     validate_configs(settings.adapters, secret)
     tenancy = resolve_tenancy(settings)
+    middleware = _middleware(settings.connections.body_timeout_seconds)
     app = web.Application(
         client_max_size=settings.server.max_body_bytes,
         handler_args=HANDLER_ARGS,  # bodies as sent: decoded by gateway.http.codings
-        middlewares=[_middleware(settings.connections.body_timeout_seconds)],
+        middlewares=[middleware],
     )
     app[GUARD] = GuardSlot()  # `fencegate serve` puts its connection guard here
     app[K.SETTINGS] = settings
@@ -550,7 +561,8 @@ def create_app(
     app.cleanup_ctx.append(
         _service_lifetime(settings, tenancy=tenancy, secret=secret, crash_hook=crash_hook)
     )
-    _add_routes(app)
+    hot = _add_routes(app)
+    app[HOT_LANE] = HotLane(middleware, hot["perform_effect"], hot["heartbeat"])
     # /console; its on_shutdown hook goes first: its open streams end before the drain
     console.mount(
         app,

@@ -34,6 +34,7 @@ from aiohttp.web_runner import GracefulExit
 
 from gateway.core.errors import RequestTimeout
 from gateway.http import appkeys as K
+from gateway.http.hotlane import hot_lane_of
 from gateway.http.problems import problem_response
 from gateway.runtime.settings import ConnectionSettings
 
@@ -432,6 +433,9 @@ def run_app(
         await runner.setup()
         try:
             assert runner.server is not None
+            lane = hot_lane_of(app)
+            if lane is not None:
+                lane.serve(app, runner.server)
             share = share_of(settings.max_per_tenant, cap, tenants)
             guard = ConnectionGuard(runner.server, settings, cap, share)
             slot.guard = guard
