@@ -30,8 +30,8 @@ from gateway.core.names import NAME
 __all__ = ["HOT_LANE", "HotLane"]
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]],
-                      Awaitable[web.StreamResponse]]  # fmt: skip
+RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, RouteHandler], Awaitable[web.StreamResponse]]
 
 _HOT_PATH = re.compile(rf"/v1/jobs/({NAME.pattern})/(?:effects/({NAME.pattern})|fence)")
 
