@@ -16,8 +16,8 @@ and ``resolve`` accepts it already).
   the reconciler hints it.
 * **The reconciler** (:meth:`AttentionIndex.reconcile`, every
   ``fencing.attention_reconcile_seconds`` in one gateway of the deployment: the first to
-  take the interval's turn, :meth:`AttentionIndex.take_turn`) reads every slot's due entries,
-  1,024 slots per batch on the auto-pipeline, hints them per tenant, repairs an entry whose
+  take the interval's turn, :meth:`AttentionIndex.take_turn`) reads every slot's due entries
+  (:mod:`gateway.store.slotscan`), hints them per tenant, repairs an entry whose
   step record disagrees (``reindex-2``: the record expired with its retention, or a slot lost
   writes), and drops hints no slot holds any more. A crash between a verdict and its hint is
   repaired there.
@@ -30,7 +30,6 @@ and ``resolve`` accepts it already).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
@@ -46,17 +45,16 @@ import structlog
 from gateway.core.errors import StoreUnavailable
 from gateway.core.records import EffectRecord
 from gateway.store.batching import Batcher
-from gateway.store.failures import redis_errors
 from gateway.store.keys import (
     ATTENTION_TENANTS,
     ATTENTION_TURN,
-    SLOTS,
     JobKeys,
     attention_hint,
     attention_index,
     key_slot,
 )
 from gateway.store.router import ClusterRouter
+from gateway.store.slotscan import due_in_slots, pairs
 
 T = TypeVar("T")
 
@@ -117,15 +115,6 @@ def member_parts(member: str) -> tuple[str, str, str] | None:
     if not all(isinstance(x, str) for x in (tenant, job_id, step)):
         return None
     return tenant, job_id, step
-
-
-def _pairs(rows: Any) -> list[tuple[str, float]]:
-    """A WITHSCORES reply as (member, score): RESP3 pairs or a flat RESP2 list."""
-    if not rows:
-        return []
-    if isinstance(rows[0], list | tuple):
-        return [(m, float(s)) for m, s in rows]
-    return [(m, float(s)) for m, s in zip(rows[::2], rows[1::2], strict=True)]
 
 
 def attention_due(h: dict[str, str], now_ms: int) -> tuple[str, int] | None:
@@ -241,7 +230,7 @@ class AttentionIndex:
                 query = (score, score, "WITHSCORES")
             else:
                 query = (f"({score}", now, "WITHSCORES", "LIMIT", 0, _PAGE)
-            raw = _pairs(await self.execute("ZRANGEBYSCORE", key, *query))
+            raw = pairs(await self.execute("ZRANGEBYSCORE", key, *query))
             rows = [(m, int(s)) for m, s in raw if not ties or m > last]
             replies = await self.pipelined([("HMGET", effect_key(m), *FIELDS) for m, _ in rows])
             for (member, s), reply in zip(rows, replies, strict=True):
@@ -316,33 +305,18 @@ class AttentionIndex:
         return stats
 
     async def _due_everywhere(self, now: int) -> list[tuple[str, float]]:
-        """Every slot's due entries: 16,384 reads, 1,024 at a time on the auto-pipeline; a slot
-        with more than a page is read on until it is done."""
-        batcher = self._link.batcher
+        """Every slot's due entries (:func:`gateway.store.slotscan.due_in_slots`); a slot with
+        more than a page is read on until it is done."""
         found: list[tuple[str, float]] = []
-        pending = [(s, 0) for s in range(SLOTS)]
-        while pending:
-            nxt: list[tuple[int, int]] = []
-            for start in range(0, len(pending), 1024):
-                chunk = pending[start : start + 1024]
-                replies = await asyncio.gather(
-                    *(
-                        batcher.execute(*_due_query(attention_index(s), now, off))
-                        for s, off in chunk
-                    ),
-                    return_exceptions=True,
-                )
-                for (s, offset), rows in zip(chunk, replies, strict=True):
-                    if isinstance(rows, BaseException):
-                        if isinstance(rows, asyncio.CancelledError):
-                            raise rows
-                        with redis_errors():  # Redis not serving: StoreUnavailable; a bug as it is
-                            raise rows
-                    pairs = _pairs(rows)
-                    found += pairs
-                    if len(pairs) == _PER_SLOT:
-                        nxt.append((s, offset + _PER_SLOT))
-            pending = nxt
+        wanted: list[tuple[int, int]] | None = None  # every slot from 0, at first
+        while wanted is None or wanted:
+            due = await due_in_slots(self._link.batcher, attention_index, now, _PER_SLOT, wanted)
+            offsets = dict(wanted or ())
+            wanted = []
+            for slot, rows in due:
+                found += rows
+                if len(rows) == _PER_SLOT:
+                    wanted.append((slot, offsets.get(slot, 0) + _PER_SLOT))
         return found
 
     async def _reindex(self, parts: tuple[str, str, str], member: str) -> str:
@@ -371,10 +345,6 @@ class AttentionIndex:
                 await self.execute("ZREM", attention_hint(tenant), *gone)
                 dropped += len(gone)
         return dropped
-
-
-def _due_query(key: str, now: int, offset: int) -> tuple[Any, ...]:
-    return ("ZRANGEBYSCORE", key, "-inf", now, "WITHSCORES", "LIMIT", offset, _PER_SLOT)
 
 
 def as_hash(reply: Any) -> dict[str, str]:

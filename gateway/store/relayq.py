@@ -3,9 +3,7 @@ that finds a lost hint, and the claim (``relay-5``)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Any
 
 import structlog
 
@@ -16,13 +14,13 @@ from gateway.store.attention import AttentionIndex
 from gateway.store.failures import redis_errors
 from gateway.store.keys import (
     RELAY_TENANTS,
-    SLOTS,
     JobKeys,
     relay_hint,
     relay_queue,
 )
 from gateway.store.link import RedisLink
 from gateway.store.replies import RelayReply
+from gateway.store.slotscan import due_in_slots
 
 log = structlog.get_logger("fencegate.store")
 
@@ -98,30 +96,12 @@ class RelayQueue:
 
     async def sweep(self, now_ms: int, per_slot: int = 100) -> int:
         """Hint every due entry of every slot's queue (a hint lost in a crash); returns how
-        many due entries were found. 16,384 reads, packed by hiredis on the auto-pipeline."""
-        query = ("-inf", now_ms, "WITHSCORES", "LIMIT", 0, per_slot)
-        replies: list[Any] = []
-        for start in range(0, SLOTS, 1024):  # a few batches at a time, not 64 connections at once
-            replies += await asyncio.gather(
-                *(
-                    self._link.batcher.execute("ZRANGEBYSCORE", relay_queue(s), *query)
-                    for s in range(start, start + 1024)
-                ),
-                return_exceptions=True,
-            )
+        many due entries were found (:func:`gateway.store.slotscan.due_in_slots`)."""
         found = 0
-        for rows in replies:
-            if isinstance(rows, BaseException):
-                if isinstance(rows, asyncio.CancelledError):
-                    raise rows
-                with redis_errors():  # Redis not serving: StoreUnavailable; a bug as it is
-                    raise rows
-            # RESP3 answers [member, score] pairs; RESP2 a flat list
-            flat = not rows or not isinstance(rows[0], list)
-            pairs = zip(rows[::2], rows[1::2], strict=True) if flat else rows
-            for member, score in pairs:
+        for _, rows in await due_in_slots(self._link.batcher, relay_queue, now_ms, per_slot):
+            for member, score in rows:
                 tenant, job_id, step = json.loads(member)
-                await self.relay_hint(JobKeys(tenant, job_id), step, int(float(score)))
+                await self.relay_hint(JobKeys(tenant, job_id), step, int(score))
                 found += 1
         return found
 

@@ -50,6 +50,7 @@ PLAIN_NAMES = (
     "ledger-fix-3",
     "anchor-snapshots-2n",
     "witness-raise-2",
+    "due-in-slots-1n",
 )
 _INCLUDE = re.compile(r'^--- @include "includes/([a-z][a-z0-9_-]*)"\s*$', re.M)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from gateway.store import anchors, link, output_records, quota_counters
+from gateway.store import anchors, link, output_records, quota_counters, slotscan
 from gateway.store.keys import JobKeys
 from gateway.store.scripts import PLAIN_NAMES, PlainScript, ScriptSourceError, plain_source
 
@@ -30,6 +30,8 @@ def test_every_plain_script_is_a_file_named_for_its_keys() -> None:
         if count.endswith("n"):  # k keys per item, indexed in a loop: KEYS[k * i - m]
             k = int(count[:-1])
             used = set(re.findall(r"KEYS\[(\d+) \* i(?: - (\d+))?\]", code))
+            if k == 1 and "KEYS[i]" in code:  # one key per item: KEYS[i]
+                used.add(("1", ""))
             assert used == {(str(k), str(m) if m else "") for m in range(k)}, name
             assert not re.findall(r"KEYS\[\d+\]", code), name
             continue
@@ -66,7 +68,7 @@ def test_each_owner_holds_its_plain_scripts() -> None:
     owned = {
         quota_counters.RESERVE, quota_counters.SETTLE, quota_counters.SETTLE_CHECKPOINT,
         quota_counters.DROP, output_records.RESERVE, output_records.SETTLE, output_records.FIX,
-        anchors.SNAPSHOT, link.WITNESS_RAISE,
+        anchors.SNAPSHOT, link.WITNESS_RAISE, slotscan.DUE,
     }  # fmt: skip
     assert {s.name for s in owned} == set(PLAIN_NAMES)
 
