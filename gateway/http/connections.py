@@ -35,6 +35,7 @@ from aiohttp.web_runner import GracefulExit
 from gateway.core.errors import RequestTimeout
 from gateway.http import appkeys as K
 from gateway.http.problems import problem_response
+from gateway.runtime.exitbound import ExitBound
 from gateway.runtime.settings import ConnectionSettings
 
 __all__ = [
@@ -405,8 +406,11 @@ def run_app(
     settings: ConnectionSettings,
     shutdown_timeout: float,
     reuse_port: bool | None = None,
+    exit_bound: ExitBound | None = None,
 ) -> None:
-    """``web.run_app`` with the connection guard in front of aiohttp's protocol."""
+    """``web.run_app`` with the connection guard in front of aiohttp's protocol. When it stops
+    serving (a signal, or a failure) it arms ``exit_bound``: the process ends within that
+    bound even if the cleanup never does (gateway.runtime.exitbound)."""
     bridge_stdlib_logging(settings.log_lines_per_second)
     soft = raise_fd_limit()
     cap = max(8, min(settings.max, soft - FD_RESERVE))
@@ -451,12 +455,20 @@ def run_app(
             await runner.cleanup()
 
     main = loop.create_task(serve())
+    ending = "the server stopped"
     try:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(main)
-    except (GracefulExit, KeyboardInterrupt):
-        pass
+    except GracefulExit:
+        ending = "SIGTERM or SIGINT"
+    except KeyboardInterrupt:
+        ending = "KeyboardInterrupt"
+    except BaseException:
+        ending = "the server failed"
+        raise
     finally:
+        if exit_bound is not None:
+            exit_bound.arm(loop, why=ending)
         if not main.done():
             main.cancel()
             with contextlib.suppress(asyncio.CancelledError, GracefulExit):
