@@ -397,6 +397,16 @@ def bridge_stdlib_logging(per_second: float) -> None:
         logging.getLogger(name).propagate = True
 
 
+def _stop_if_asked() -> None:
+    """The serving task stops once it was cancelled (the shutdown, from a signal), even if
+    code under an await swallowed the cancellation: Python 3.11's ``asyncio.wait_for``, under
+    which redis-py sends every command of the app's start-up, returns the result of a future
+    that finished as the cancellation landed."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def run_app(
     app: web.Application,
     *,
@@ -433,8 +443,9 @@ def run_app(
             lingering_time=0,
             shutdown_timeout=shutdown_timeout,
         )
-        await runner.setup()
         try:
+            await runner.setup()
+            _stop_if_asked()
             assert runner.server is not None
             share = share_of(settings.max_per_tenant, cap, tenants)
             guard = ConnectionGuard(runner.server, settings, cap, share)
@@ -448,6 +459,7 @@ def run_app(
                 reuse_port=reuse_port,
             )
             try:
+                _stop_if_asked()
                 await asyncio.Event().wait()  # until a signal raises GracefulExit
             finally:
                 listener.close()

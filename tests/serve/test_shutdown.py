@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import redis
 
 from gateway.runtime.exitbound import EXIT_SHUTDOWN_OVERRAN, MARGIN_SECONDS
 from gateway.store.embedded import free_port
@@ -49,7 +50,17 @@ def blocking_cleanup():
 
 
 async def lifetime(app):
+    if mode == "swallows":
+        # the shutdown's signal arrives while the app starts, and the start-up swallows the
+        # cancellation: Python 3.11's asyncio.wait_for (redis-py sends every command under
+        # it) returns the result of a future that finished as the cancellation landed
+        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass
     yield
+    print("cleaned up", flush=True)
     if mode == "awaits":
         await never_ending_cleanup()
     elif mode == "blocks":
@@ -65,7 +76,7 @@ run_app(app, loop=asyncio.new_event_loop(), host="127.0.0.1", port=port,
 """
 
 
-def _start(tmp_path: Path, mode: str, grace: float) -> tuple[subprocess.Popen[str], int]:
+def _launch(tmp_path: Path, mode: str, grace: float) -> tuple[subprocess.Popen[str], int]:
     script = tmp_path / "app.py"
     script.write_text(APP)
     port = free_port()
@@ -76,6 +87,11 @@ def _start(tmp_path: Path, mode: str, grace: float) -> tuple[subprocess.Popen[st
         text=True,
         cwd=Path(__file__).resolve().parents[2],
     )
+    return proc, port
+
+
+def _start(tmp_path: Path, mode: str, grace: float) -> tuple[subprocess.Popen[str], int]:
+    proc, port = _launch(tmp_path, mode, grace)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()[0]
@@ -86,6 +102,22 @@ def _start(tmp_path: Path, mode: str, grace: float) -> tuple[subprocess.Popen[st
             time.sleep(0.05)
     proc.kill()
     raise AssertionError("not serving: " + proc.communicate()[0])
+
+
+def test_signal_during_the_start_up_stops_the_app_even_when_the_start_up_swallows_it(
+    tmp_path: Path,
+) -> None:
+    grace = 0.5
+    proc, _ = _launch(tmp_path, "swallows", grace)
+    try:
+        code = proc.wait(grace + MARGIN_SECONDS + 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.communicate()[0]
+    assert code == 0, output  # stopped by itself, not cut at the bound (4)
+    assert "cleaned up" in output.splitlines(), output  # the app's cleanup ran
+    assert "shutdown_overran" not in output
 
 
 @pytest.mark.parametrize(
@@ -173,3 +205,41 @@ def test_workers_of_a_sigkilled_supervisor_exit_within_the_bound_while_redis_is_
     )
     events = [json.loads(line) for line in s.output().splitlines() if line.startswith("{")]
     assert [e["why"] for e in events if e["event"] == "shutting_down"] == ["SIGTERM or SIGINT"] * 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_workers_of_a_supervisor_sigkilled_during_their_start_up_stop_cleanly(
+    tmp_path: Path, serves: list[Serve]
+) -> None:
+    """The death signal reaches a worker while its app starts (it loads the scripts into the
+    embedded Redis, seen with MONITOR): the worker stops by itself, cleanly, instead of
+    serving on with its shutdown lost until the bound ends it."""
+    grace = 1.0
+    s = Serve(tmp_path, write_config(tmp_path, f"[server]\nshutdown_grace_seconds = {grace}"),
+              "--workers", "2")  # fmt: skip
+    serves.append(s)
+    deadline = time.monotonic() + 60
+    while "workers_starting" not in s.output():  # the supervisor's own Redis calls are done
+        assert s.proc.poll() is None and time.monotonic() < deadline, s.output()
+        time.sleep(0.02)
+    redis_pid = s.redis_pid()
+    (url,) = [json.loads(line)["url"] for line in s.output().splitlines()
+              if "embedded_redis_started" in line]  # fmt: skip
+    with redis.Redis.from_url(url).monitor() as monitor:
+        while "SCRIPT" not in str(monitor.next_command()["command"]).upper():
+            pass  # a worker's app is starting: its signal handlers are installed
+        workers = [p for p in children_of(s.proc.pid) if p != redis_pid]
+        s.proc.kill()
+    killed = time.monotonic()
+    try:
+        survivors = [p for p in workers if not wait_dead(p, grace + MARGIN_SECONDS + 2)]
+        took = time.monotonic() - killed
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert len(workers) == 2
+    assert not survivors, (
+        f"alive {took:.1f} s after the supervisor's SIGKILL:\n{s.output()[-4000:]}"
+    )
+    assert "shutdown_overran" not in s.output(), s.output()[-4000:]
