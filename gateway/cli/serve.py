@@ -31,6 +31,7 @@ from gateway.cli.common import (
     init_durability,
     log,
 )
+from gateway.runtime.exitbound import MARGIN_SECONDS, ExitBound
 from gateway.runtime.logging import configure_logging
 from gateway.runtime.settings import Settings, read_secret
 from gateway.store.durability import settings_problems
@@ -187,7 +188,9 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     children = [
         subprocess.Popen(argv, env=env, preexec_fn=die_with_parent) for _ in range(args.workers)
     ]
-    bound = settings.server.shutdown_grace_seconds + 5
+    # a second past a worker's own bound (gateway.runtime.exitbound), which ends it first and
+    # logs what it was still waiting for
+    bound = settings.server.shutdown_grace_seconds + MARGIN_SECONDS + 1
     while any(child.poll() is None for child in children):
         time.sleep(0.1)
         if stopping and time.monotonic() - stopping[0] > bound:
@@ -217,6 +220,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     data_dir = Path(settings.redis.data_dir)
     embedded: EmbeddedRedis | None = None
+    exit_bound = ExitBound(settings.server.shutdown_grace_seconds + MARGIN_SECONDS)
     try:
         if settings.redis.url:
             url = settings.redis.url
@@ -283,6 +287,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings=settings.connections,
             shutdown_timeout=settings.server.shutdown_grace_seconds,
             reuse_port=args.reuse_port or None,
+            exit_bound=exit_bound,
         )
         return EXIT_OK
     except EmbeddedRedisError as exc:
@@ -290,6 +295,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_RUNTIME
     finally:
         if embedded is not None:
+            # stopped here, within its own bound: a forced exit would leave it running where
+            # there is no death signal (PR_SET_PDEATHSIG is Linux's)
+            exit_bound.disarm()
             embedded.stop()
             log.info("embedded_redis_stopped")
 

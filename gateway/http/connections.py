@@ -36,6 +36,7 @@ from gateway.core.errors import RequestTimeout
 from gateway.http import appkeys as K
 from gateway.http.hotlane import hot_lane_of
 from gateway.http.problems import problem_response
+from gateway.runtime.exitbound import ExitBound
 from gateway.runtime.settings import ConnectionSettings
 
 __all__ = [
@@ -397,6 +398,16 @@ def bridge_stdlib_logging(per_second: float) -> None:
         logging.getLogger(name).propagate = True
 
 
+def _stop_if_asked() -> None:
+    """The serving task stops once it was cancelled (the shutdown, from a signal), even if
+    code under an await swallowed the cancellation: Python 3.11's ``asyncio.wait_for``, under
+    which redis-py sends every command of the app's start-up, returns the result of a future
+    that finished as the cancellation landed."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def run_app(
     app: web.Application,
     *,
@@ -406,8 +417,11 @@ def run_app(
     settings: ConnectionSettings,
     shutdown_timeout: float,
     reuse_port: bool | None = None,
+    exit_bound: ExitBound | None = None,
 ) -> None:
-    """``web.run_app`` with the connection guard in front of aiohttp's protocol."""
+    """``web.run_app`` with the connection guard in front of aiohttp's protocol. When it stops
+    serving (a signal, or a failure) it arms ``exit_bound``: the process ends within that
+    bound even if the cleanup never does (gateway.runtime.exitbound)."""
     bridge_stdlib_logging(settings.log_lines_per_second)
     soft = raise_fd_limit()
     cap = max(8, min(settings.max, soft - FD_RESERVE))
@@ -430,8 +444,9 @@ def run_app(
             lingering_time=0,
             shutdown_timeout=shutdown_timeout,
         )
-        await runner.setup()
         try:
+            await runner.setup()
+            _stop_if_asked()
             assert runner.server is not None
             lane = hot_lane_of(app)
             if lane is not None:
@@ -448,6 +463,7 @@ def run_app(
                 reuse_port=reuse_port,
             )
             try:
+                _stop_if_asked()
                 await asyncio.Event().wait()  # until a signal raises GracefulExit
             finally:
                 listener.close()
@@ -455,12 +471,20 @@ def run_app(
             await runner.cleanup()
 
     main = loop.create_task(serve())
+    ending = "the server stopped"
     try:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(main)
-    except (GracefulExit, KeyboardInterrupt):
-        pass
+    except GracefulExit:
+        ending = "SIGTERM or SIGINT"
+    except KeyboardInterrupt:
+        ending = "KeyboardInterrupt"
+    except BaseException:
+        ending = "the server failed"
+        raise
     finally:
+        if exit_bound is not None:
+            exit_bound.arm(loop, why=ending)
         if not main.done():
             main.cancel()
             with contextlib.suppress(asyncio.CancelledError, GracefulExit):

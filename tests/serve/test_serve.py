@@ -352,9 +352,9 @@ def test_sigkilled_supervisor_leaves_no_orphan_workers(tmp_path: Path, serves: l
     kids = children_of(s.proc.pid)
     assert len(kids) == 3  # two workers and the embedded Redis
     s.stop(signal.SIGKILL)
-    survivors = [p for p in kids if not wait_dead(p, 30)]  # a worker drains first (SIGTERM)
-    # seen once in ~25 full runs and not reproduced since (22 targeted runs, idle and under
-    # CPU load): name the survivor and keep the log, so the next time says why
+    # a worker drains first (SIGTERM); /readyz answered from one worker, so the other may
+    # still be starting (its signal lands in its app's start-up: tests/serve/test_shutdown.py)
+    survivors = [p for p in kids if not wait_dead(p, 30)]
     assert not survivors, (
         "outlived a SIGKILLed supervisor: "
         + subprocess.run(["ps", "-o", "pid,stat,etime,args", "-p", ",".join(map(str, survivors))],
