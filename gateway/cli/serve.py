@@ -186,7 +186,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> in
     signal.signal(signal.SIGINT, forward)
     # workers die with this supervisor even if it is SIGKILLed (Linux)
     children = [
-        subprocess.Popen(argv, env=env, preexec_fn=die_with_parent) for _ in range(args.workers)
+        subprocess.Popen(argv, env=env, preexec_fn=die_with_parent()) for _ in range(args.workers)
     ]
     # a second past a worker's own bound (gateway.runtime.exitbound), which ends it first and
     # logs what it was still waiting for

@@ -48,6 +48,7 @@ from typing import IO
 import redis
 
 __all__ = [
+    "ORPHANED_AT_START",
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "die_with_parent",
@@ -109,11 +110,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+def die_with_parent(parent: int | None = None) -> Callable[[], None]:
+    """A ``preexec_fn``: the child is sent SIGTERM when the process that started it dies
+    (Linux's ``PR_SET_PDEATHSIG``; only prctl(2) and getppid(2): safe between fork and exec).
+    ``parent``: that process's pid (this one's by default). A parent that died between the
+    fork and the prctl never sends the signal, so a child whose parent is already another
+    process exits there, before it runs anything."""
+    expected = os.getpid() if parent is None else parent
+
+    def preexec() -> None:  # pragma: no cover - runs in the child
+        if sys.platform.startswith("linux"):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+            if os.getppid() != expected:
+                os._exit(ORPHANED_AT_START)
+
+    return preexec
+
+
+ORPHANED_AT_START = 75  # a child's exit status when its parent died before it could start
 
 
 class EmbeddedRedis:
@@ -230,7 +246,7 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent,  # only calls prctl(2): safe before exec
+            preexec_fn=die_with_parent(),
         )
         if secret:
             assert self.process.stdin is not None

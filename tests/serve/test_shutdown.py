@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from gateway.runtime.exitbound import EXIT_SHUTDOWN_OVERRAN, MARGIN_SECONDS
-from gateway.store.embedded import free_port
+from gateway.store.embedded import ORPHANED_AT_START, die_with_parent, free_port
 from tests.support.processes import Serve, children_of, wait_dead, write_config
 
 # `run_app` (what `fencegate serve` runs) on a small app whose start-up or cleanup misbehaves
@@ -252,3 +252,17 @@ def test_workers_of_a_supervisor_sigkilled_during_their_start_up_stop_cleanly(
         f"alive {took:.1f} s after the supervisor's SIGKILL:\n{s.output()[-4000:]}"
     )
     assert "shutdown_overran" not in s.output(), s.output()[-4000:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_child_whose_parent_died_before_its_death_signal_was_set_never_runs() -> None:
+    """A supervisor SIGKILLed between a worker's fork and its prctl never signals it: the
+    worker finds another parent there and exits before it runs (the parent given here is not
+    this process, as if it had died and the child been adopted)."""
+    another = os.getpid() + 1_000_000
+    adopted = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                               preexec_fn=die_with_parent(parent=another))  # fmt: skip
+    assert adopted.wait(timeout=10) == ORPHANED_AT_START
+    kept = subprocess.Popen([sys.executable, "-c", "print('ran')"], stdout=subprocess.PIPE,
+                            preexec_fn=die_with_parent())  # fmt: skip
+    assert kept.communicate(timeout=10)[0].strip() == b"ran" and kept.returncode == 0
