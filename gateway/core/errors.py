@@ -229,6 +229,9 @@ class Rejection(FencegateError):
 
     code = "rejection"  # abstract: only its subclasses are raised
     status = 409
+    # the rejection's entry in the job's audit chain; '' when it was answered, not audited
+    # (past the tenant's rejections cap). Not a problem field.
+    audit_id: str = ""
 
 
 class Superseded(Rejection):

@@ -177,7 +177,7 @@ class OutputService:
             raise
         code = int(reply[0])
         if code == OutputStageReply.REJECTED:
-            self.store.rejection_spent(keys, f"output:{name}", flag, worker_id)
+            self.store.rejection_spent(keys, f"output:{name}", flag, worker_id, str(reply[4]))
             raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
         if code == OutputStageReply.IN_PROGRESS:
             retry = max(1, -(-int(reply[1]) // 1000))
@@ -347,7 +347,7 @@ class OutputService:
                 retry_after=max(1, -(-int(reply[1]) // 1000)),
             )
         if code == OutputRecordReply.REJECTED:
-            self.store.rejection_spent(keys, f"output:{name}", "", worker_id)  # always audited
+            self.store.rejection_spent(keys, f"output:{name}", "", worker_id, str(reply[4]))
             raise await self.store.rejected(keys, reply, step=f"output:{name}", worker_id=worker_id)
         if code == OutputRecordReply.LOST:
             return None

@@ -191,6 +191,7 @@ class Quotas:
         self._reconciled: dict[tuple[str, Pool], float] = {}
         self._reconciling: dict[tuple[str, Pool], asyncio.Task[int]] = {}
         self._audited: dict[tuple[str, str], tuple[float, int]] = {}
+        self._flags: dict[str, tuple[int, str]] = {}  # tenant -> (window, its rejections flag)
         # a tenant's caps and its rejections' metric children, per call otherwise (the
         # settings do not change while the process runs; bounded like the metric's labels)
         self.caps = functools.lru_cache(maxsize=4096)(self._caps)
@@ -228,9 +229,9 @@ class Quotas:
         index, _ = self._window()
         folds = self._counters.folds  # the admit charges payloads and effect calls itself
         closed = ""
-        windows: tuple[tuple[Window, int, str], ...] = (
+        windows: tuple[tuple[Window, int, str], ...] = (  # what the scripts count, they close
             ("fx", 0 if folds else caps.effects, "e"),
-            ("rj", caps.rejections, "r"),
+            ("rj", 0 if folds else caps.rejections, "r"),
         )
         for kind, cap, letter in windows:
             if not cap:
@@ -283,10 +284,10 @@ class Quotas:
             if caps.effects and not gate.charges:  # else the admit counted it
                 self._charge(tenant, "fx", index)
         elif isinstance(outcome, Rejection):
-            audited = "r" not in gate.closed
+            audited = bool(outcome.audit_id)
             self._rejected(tenant, "true" if audited else "false").inc()
             if caps.rejections:
-                self._charge(tenant, "rj", index)
+                self._count_rejection(tenant, index, audited, caps.rejections)
             if not audited:  # past the cap: a summary entry (at most one a second)
                 who = {"worker_id": call.worker_id, "adapter": call.adapter}
                 await self.audit(keys, call.step, "rejections_per_window", **who)
@@ -324,6 +325,21 @@ class Quotas:
         if current is None or current[0] != index or current[1] < count:
             self._seen[(tenant, kind)] = (index, count)
         return count
+
+    def _count_rejection(self, tenant: str, index: int, audited: bool, cap: int) -> None:
+        """An effect call's rejection: the admit counted it where the scripts count (a
+        standalone Redis), else it is charged here."""
+        if self._counters.folds:
+            self._note_rejection(tenant, index, audited, cap)
+        else:
+            self._charge(tenant, "rj", index)
+
+    def _note_rejection(self, tenant: str, index: int, audited: bool, cap: int) -> None:
+        """A rejection its script counted: this process's view follows (one more; the cap
+        when it was past it, so the next calls are flagged used up without a count)."""
+        seen = self._seen.get((tenant, "rj"))
+        mine = seen[1] if seen is not None and seen[0] == index else 0
+        self._seen[(tenant, "rj")] = (index, mine + 1 if audited else max(mine, cap))
 
     def _charge(self, tenant: str, kind: Window, index: int) -> None:
         """Count one call: this process's view at once, Redis in the pipeline of this tick
@@ -545,13 +561,33 @@ class Quotas:
         seen = self._seen.get((tenant, "rj"))
         return bool(seen and seen[0] == index and seen[1] >= cap)
 
-    def spent(self, keys: JobKeys, step: str, *, audited: bool, worker_id: str) -> None:
+    def counter(self, tenant: str) -> str:
+        """The tenant's rejections window for the fenced scripts to count themselves (a
+        standalone Redis), or '' (no cap; a Cluster: :meth:`spent` and :meth:`after` count)."""
+        cap = self.caps(tenant).rejections
+        if not cap or not self._counters.folds:
+            return ""
+        index = self._window()[0]
+        flag = self._flags.get(tenant)
+        if flag is None or flag[0] != index:
+            flag = self._flags[tenant] = (index, self._counters.rejections_flag(tenant, index, cap))
+        return flag[1]
+
+    def spent(
+        self, keys: JobKeys, step: str, *, audited: bool, worker_id: str, counted: bool
+    ) -> None:
         """Count one rejection of a heartbeat, checkpoint, completion, output stage or bad
-        token (the effect calls are counted by :meth:`after`); past the cap, the summary."""
+        token (the effect calls are counted by :meth:`after`), unless its script ``counted``
+        it; past the cap, the summary."""
         tenant = keys.tenant
         self._rejected(tenant, "true" if audited else "false").inc()
-        if self.caps(tenant).rejections:
-            self._charge(tenant, "rj", self._window()[0])
+        cap = self.caps(tenant).rejections
+        if cap:
+            index = self._window()[0]
+            if counted:
+                self._note_rejection(tenant, index, audited, cap)
+            else:
+                self._charge(tenant, "rj", index)
         if not audited:
             task = asyncio.get_running_loop().create_task(
                 self.audit(keys, step, "rejections_per_window", worker_id=worker_id)

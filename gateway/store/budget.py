@@ -19,7 +19,14 @@ class RejectionBudget(Protocol):
         """The tenant's audited rejections of this window are used up, as far as this
         process knows without a round trip: a rejection is then answered, not audited."""
 
-    def spent(self, keys: JobKeys, step: str, *, audited: bool, worker_id: str) -> None:
-        """A fenced call was rejected (``audited``: its entry is in the job's chain). Counted
-        without waiting; past the cap a summary entry goes to the tenant's feed (at most one
-        a second)."""
+    def counter(self, tenant: str) -> str:
+        """The tenant's rejections window for the fenced scripts to count themselves, as
+        ``'<cap> <ttl> <key>'`` (a standalone Redis: the counter may be written by a job's
+        script), or ``''``: the scripts count nothing (no cap, or a Cluster)."""
+
+    def spent(
+        self, keys: JobKeys, step: str, *, audited: bool, worker_id: str, counted: bool
+    ) -> None:
+        """A fenced call was rejected (``audited``: its entry is in the job's chain;
+        ``counted``: its script counted it). Counted without waiting, when its script did
+        not; past the cap a summary entry goes to the tenant's feed (at most one a second)."""

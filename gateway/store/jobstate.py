@@ -152,7 +152,7 @@ class JobState:
             return CheckpointWritten(int(reply[2]), int(reply[3]), int(reply[4]))
         if code == replies.CheckpointReply.REFUSED:
             return OverQuota(str(reply[1]))
-        link.rejection_spent(keys, f"checkpoint:{name}", flag, worker_id or "")
+        link.rejection_spent(keys, f"checkpoint:{name}", flag, worker_id or "", str(reply[4]))
         raise await self._decisions.rejected(
             keys, reply, step=f"checkpoint:{name}", worker_id=worker_id or ""
         )
@@ -205,7 +205,7 @@ class JobState:
                 missing=missing,
                 generation=generation,
             )
-        link.rejection_spent(keys, "job:complete", flag, worker_id or "")
+        link.rejection_spent(keys, "job:complete", flag, worker_id or "", str(reply[4]))
         raise await self._decisions.rejected(
             keys, reply, step="job:complete", worker_id=worker_id or ""
         )

@@ -706,15 +706,23 @@ class RedisLink:
     # -- the tenant-wide audit feed -------------------------------------------
 
     def unaudited_flag(self, tenant: str) -> str:
-        """The fenced scripts' "answer, do not audit" argument: ``'1'`` when the tenant's
-        rejections budget is used up, else ``''``."""
+        """The fenced scripts' rejections argument (includes/reject's ``past_rejection_cap``):
+        ``'1'`` when the tenant's rejections budget is used up, else its counter for the
+        script to count (``'<cap> <ttl> <key>'``, a standalone Redis), else ``''``."""
         budget = self.rejection_budget
-        return "1" if budget is not None and budget.closed(tenant) else ""
+        if budget is None:
+            return ""
+        return "1" if budget.closed(tenant) else budget.counter(tenant)
 
-    def rejection_spent(self, keys: JobKeys, step: str, flag: str, worker_id: str) -> None:
-        """Report a ``{9, …}`` reply of a script called with ``flag`` to the budget."""
+    def rejection_spent(
+        self, keys: JobKeys, step: str, flag: str, worker_id: str, audit_id: str
+    ) -> None:
+        """Report a ``{9, …}`` reply (its ``audit_id``, '' when not audited) of a script called
+        with ``flag`` to the budget."""
         if self.rejection_budget is not None:
-            self.rejection_budget.spent(keys, step, audited=not flag, worker_id=worker_id)
+            self.rejection_budget.spent(
+                keys, step, audited=bool(audit_id), worker_id=worker_id, counted=len(flag) > 1
+            )
 
     async def to_feed(
         self, keys: JobKeys, audit_id: str, copied: bool = False, /, **fields: str

@@ -99,6 +99,12 @@ class QuotaCounters:
     def window_key(tenant: str, kind: Window, index: int) -> str:
         return f"{quota_prefix(tenant)}:{kind}:{index}"
 
+    def rejections_flag(self, tenant: str, index: int, cap: int) -> str:
+        """The window's rejections counter for a fenced script to count itself
+        (``'<cap> <ttl> <key>'``: includes/reject's ``past_rejection_cap``); only where
+        :attr:`folds` (a standalone Redis: the counter is not in the job's slot)."""
+        return f"{cap} {self._window_ttl} {self.window_key(tenant, 'rj', index)}"
+
     async def count(self, tenant: str, kind: Window, index: int) -> int:
         """The window's counter as Redis holds it now (0: none)."""
         with redis_errors():

@@ -41,6 +41,7 @@ from gateway.core.errors import (
     JobCompleted,
     LeaseExpired,
     NotFound,
+    Rejection,
     StaleGeneration,
     StoreUnavailable,
     UnregisteredGeneration,
@@ -199,7 +200,10 @@ class Decisions:
         if pinned:
             fields["pinned_intent_sha256"] = pinned
         detail = detail or _DETAILS[reason].format(p=presented or "(next)", c=current)
-        return _REJECTIONS[reason](detail, **fields)
+        error = _REJECTIONS[reason](detail, **fields)
+        if isinstance(error, Rejection):
+            error.audit_id = str(audit_id)
+        return error
 
     # -- decisions -----------------------------------------------------------
 
@@ -249,7 +253,7 @@ class Decisions:
             fenced_args(keys, generation, self._registration, worker_id, self._retention, by, flag),
         )
         if int(reply[0]) == Reply.REJECTED:
-            self._link.rejection_spent(keys, "", flag, worker_id)
+            self._link.rejection_spent(keys, "", flag, worker_id, str(reply[4]))
             raise await self.rejected(keys, reply, worker_id=worker_id)
         if len(reply) > 3 and reply[3]:  # an implicit registration
             note_audit(self._link.audit_touched, keys, str(reply[3]))
@@ -281,7 +285,7 @@ class Decisions:
             ),
         )
         if int(reply[0]) == Reply.REJECTED:
-            self._link.rejection_spent(keys, step, flag, worker_id)
+            self._link.rejection_spent(keys, step, flag, worker_id, str(reply[4]))
             raise await self.rejected(keys, reply, step=step, worker_id=worker_id, adapter=adapter)
         return int(reply[1]), (int(reply[2]) or None)
 
@@ -313,7 +317,7 @@ class Decisions:
                 flag,
             ),
         )
-        self._link.rejection_spent(keys, step, flag, worker_id)
+        self._link.rejection_spent(keys, step, flag, worker_id, str(reply[4]))
         return await self.rejected(
             keys, reply, step=step, worker_id=worker_id, adapter=adapter, detail=err.detail
         )
@@ -396,10 +400,11 @@ class Decisions:
         reply was lost), the admit answers what it answered the first time; ``run_before_ms``
         too (the first send's bound, see :meth:`RedisLink.run_bounded`: a copy arriving later
         does nothing).
-        ``closed``: the tenant's used-up quotas (admit-6's ARGV[19]; 'r' is its ARGV[8]) ->
-        ``OverQuota``. ``charges``: what the script charges against the tenant's caps
-        (admit-6's ARGV[20] to ARGV[28], ``QuotaCounters.admit_args``): over one ->
-        ``OverQuota``; a payload queued and an effect call claimed or queued are charged.
+        ``closed``: the tenant's used-up quotas (admit-6's ARGV[19]; 'r': its ARGV[8] is '1',
+        else the rejections flag of :meth:`RedisLink.unaudited_flag`) -> ``OverQuota``.
+        ``charges``: what the script charges against the tenant's caps (admit-6's ARGV[20] to
+        ARGV[28], ``QuotaCounters.admit_args``): over one -> ``OverQuota``; a payload queued
+        and an effect call claimed or queued are charged.
         """
         dispatch_id = dispatch_id or scripts.new_dispatch_id()
         reply = await self._link.run_bounded(
@@ -414,7 +419,7 @@ class Decisions:
                     worker_id,
                     self._retention,
                     by,
-                    "1" if "r" in closed else "",
+                    "1" if "r" in closed else self._link.unaudited_flag(keys.tenant),
                 ),
                 step,
                 intent_sha256,

@@ -94,6 +94,43 @@ async def test_rejections_past_their_cap_are_answered_and_counted_but_not_audite
         assert (await gw.effect("j", step, 2)).status == 200
 
 
+async def test_the_rejections_cap_is_exact_for_concurrent_calls_through_two_gateways(
+    make_gateway: Any, redis_sync: Any
+) -> None:
+    """On a standalone Redis each fenced script counts its rejection in the same atomic step
+    as its decision: however many calls race through however many gateways, exactly the cap's
+    worth are audited, and every other one is answered 409 all the same (each gateway's own
+    view of the count, what it had before, let every call in flight through while none had
+    heard back)."""
+    cap = 5
+    a = await make_gateway(quotas={"rejections_per_window": cap})
+    b = await make_gateway(quotas={"rejections_per_window": cap})
+    assert (await a.register("j", generation=2)).status == 201
+
+    async def stale(gw: Any, n: int) -> int:
+        if n % 4 == 3:  # a heartbeat's rejection shares the cap
+            resp = await gw.heartbeat("j", 1)
+        else:
+            resp = await gw.effect("j", f"s{n}", 1, worker_id="zombie")
+        assert (resp.status, (await resp.json())["code"]) == (409, "stale_generation")
+        return resp.status
+
+    await asyncio.gather(*(stale(gw, n) for n in range(24) for gw in (a, b)))
+    chain = [f for _, f in redis_sync.xrange("fg:{default/j}:audit")]
+    assert [e["reason"] for e in chain if "reason" in e] == ["stale_generation"] * cap
+    feed = [f for _, f in redis_sync.xrange("fg:audit:default")]
+    assert len([e for e in feed if e["reason"] == "stale_generation"]) == cap
+    audited = 0.0
+    for gw in (a, b):
+        metrics = (await (await gw.client.get("/metrics")).text()).splitlines()
+        audited += sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics
+            if line.startswith('fencegate_quota_rejections_total{audited="true"')
+        )
+    assert audited == cap
+
+
 async def test_with_no_quota_configured_no_admission_hook_is_built(make_gateway: Any) -> None:
     gw = await make_gateway(quotas={"payload_bytes": 0, "rejections_per_window": 0})
     assert gw.app[K.SERVICE].admission is None

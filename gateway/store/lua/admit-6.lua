@@ -11,7 +11,7 @@
     KEYS[6] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[17])
     ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant,
              worker id, retention (effect records, steps set, audit stream), who calls,
-             rejections unaudited
+             the tenant's rejections
     ARGV[9]  step
     ARGV[10] intent sha256 (hex)
     ARGV[11] adapter name

@@ -6,7 +6,7 @@
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] job audit stream  fg:{t/j}:audit
     ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant, worker id,
-            retention, who calls ('': a check never raises the fence), rejections unaudited
+            retention, who calls ('': a check never raises the fence), the tenant's rejections
     ARGV[9]  step ('' if none)   ARGV[10] adapter: named in a rejection's audit entry
 
   The fence guard (includes/fence) with peek, in order: cancelled, stale, completed, then

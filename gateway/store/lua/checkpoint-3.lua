@@ -7,8 +7,8 @@
     KEYS[2] checkpoints hash  fg:{t/j}:ckpt   (field <name> -> JSON, see below)
     KEYS[3] job audit stream  fg:{t/j}:audit
     ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant, worker id
-            (as sent, '' if none, for the audit entry), retention, who calls, rejections
-            unaudited
+            (as sent, '' if none, for the audit entry), retention, who calls, the tenant's
+            rejections
     ARGV[9]  checkpoint name
     ARGV[10] the value, canonical JSON (the gateway parsed and re-encoded it)
     ARGV[11] worker id as a JSON string, or 'null'

@@ -9,7 +9,7 @@
     KEYS[2] outputs hash      fg:{t/j}:outputs  (field <generation>/<name> -> JSON record)
     KEYS[3] job audit stream  fg:{t/j}:audit
     ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant, worker id,
-            retention, who calls, rejections unaudited
+            retention, who calls, the tenant's rejections
     ARGV[9]  sha256 of the canonical request body (hex): a repeat with the same body replays
     ARGV[10] result, canonical JSON ('null' for none)
     ARGV[11] output names, a JSON array of strings (checked by the gateway: names, unique)

@@ -5,7 +5,7 @@
     KEYS[1] job hash          fg:{t/j}:job
     KEYS[2] job audit stream  fg:{t/j}:audit
     ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant, worker id,
-            retention, who calls, rejections unaudited
+            retention, who calls, the tenant's rejections
 
   The fence guard (includes/fence), in order: cancelled, stale, completed, then above the
   fence unregistered (mode 'required') or the raise (mode 'implicit': the fence is the

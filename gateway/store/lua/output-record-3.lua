@@ -10,7 +10,7 @@
     KEYS[3] job audit stream  fg:{t/j}:audit
     ARGV[1..8] the fenced call (includes/fence): generation, mode (the record never raises
              the fence: read as 'required'), job id, tenant, worker id, retention (audit
-             stream), who calls, rejections unaudited
+             stream), who calls, the tenant's rejections
     ARGV[9]  output name   ARGV[10] upload id from the stage
     ARGV[11] size, bytes   ARGV[12] sha256 (hex)   ARGV[13] content type   ARGV[14] etag
     ARGV[15] 'record' | 'abandon' (the upload failed: its claim ends, nothing recorded)

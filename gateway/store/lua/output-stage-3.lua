@@ -7,7 +7,7 @@
     KEYS[2] outputs hash      fg:{t/j}:outputs   (field '<generation>/<name>' -> JSON entry)
     KEYS[3] job audit stream  fg:{t/j}:audit
     ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant, worker id,
-             retention (audit stream), who calls, rejections unaudited
+             retention (audit stream), who calls, the tenant's rejections
     ARGV[9]  output name   ARGV[10] object key ('<tenant>/<job>/g<generation>/<name>')
     ARGV[11] upload id (unique per stage; the record must present it)
     ARGV[12] how long the upload may take, ms (the gateway cuts its own upload at this

@@ -13,8 +13,9 @@
           lease that ran out without a new generation leaves the fence where it was)
     mode  'required' | 'implicit' (fencing.registration)
     by    who calls (the key's name, else its role): recorded with an implicit raise
-    unaudited  true: a rejection is answered ({9, ..., audit_id ''}) but not audited (the
-          tenant's rejections quota is used up)
+    rejections  the tenant's rejections flag (ARGV[8]; includes/reject's
+          past_rejection_cap): past the cap, a rejection is answered ({9, ..., audit_id
+          ''}) but not audited
     peek  true: a check that writes nothing but its rejections (check-2): in mode 'implicit'
           a generation above the fence passes without the raise
   order: the checks made first, in the order the script documents, from
@@ -60,8 +61,10 @@
     ARGV[6] retention, seconds (the audit stream, and what the script stores)
     ARGV[7] who calls (the key's name, else its role; '' when not given): recorded with an
             implicit registration
-    ARGV[8] '1': the tenant's audited rejections are used up (quotas.rejections_per_window):
-            a rejection is answered ({9, ...} with audit_id ''), not audited; '' otherwise
+    ARGV[8] the tenant's rejections (quotas.rejections_per_window; past_rejection_cap in
+            includes/reject): '1' used up: a rejection is answered ({9, ...} with audit_id
+            ''), not audited; '' not counted here; '<cap> <ttl> <key>' counted here, each
+            rejection, and past <cap> answered, not audited
 
     local call = fenced_call(ARGV, KEYS[1], stream, step, adapter, now)
 
@@ -71,7 +74,7 @@
 local function fenced_call(args, job, stream, step, adapter, now)
   return {job = job, stream = stream, retention = args[6], now = now, tenant = args[4],
     job_id = args[3], step = step, presented = args[1], worker_id = args[5],
-    adapter = adapter, mode = args[2], by = args[7], unaudited = args[8] == '1'}
+    adapter = adapter, mode = args[2], by = args[7], rejections = args[8]}
 end
 
 local function fence_guard(call, order, on_completed)
@@ -102,7 +105,7 @@ local function fence_guard(call, order, on_completed)
     return completed ~= false
   end
   function g.reject(reason, pinned)
-    if call.unaudited then  -- answered, not audited (the tenant's rejections quota is spent)
+    if past_rejection_cap(call.rejections) then  -- answered, not audited
       local reply = {9, reason, call.presented, fmt(g.fence), '', pinned or ''}
       if g.raised then return done(reply) end
       return reply

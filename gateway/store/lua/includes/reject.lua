@@ -17,6 +17,28 @@
   The entry's fields, in this order (the chain hashes them in order): tenant, job_id, step,
   reason, presented, current, worker_id, adapter.
 ]]
+--[[
+  The tenant's audited rejections, counted (quotas.rejections_per_window):
+
+    past_rejection_cap(flag) -> true when this rejection is answered, not audited
+
+  flag: the fenced call's "rejections" argument (ARGV[8] of a fenced script, ARGV[9] of
+  reject-2): '1' the gateway knows the tenant's rejections are used up; '' nothing is
+  counted here (no cap, or a Cluster, where the counter is in another slot and the gateway
+  counts after the script); '<cap> <ttl> <key>' (a standalone Redis) the window's counter,
+  counted here: INCR (its TTL set when it is created), and past <cap> the rejection is
+  answered, not audited. Counted at most once per request: an audited rejection is
+  remembered (done()), and one past the cap stays past it when re-sent.
+]]
+local function past_rejection_cap(flag)
+  if flag == '1' then return true end
+  if flag == nil or #flag < 2 then return false end
+  local cap, ttl, key = string.match(flag, '^(%d+) (%d+) (.+)$')
+  local n = redis.call('INCR', key)
+  if n == 1 then redis.call('EXPIRE', key, ttl) end
+  return n > tonumber(cap)
+end
+
 local function reject_call(call, reason, current, pinned)
   local id = audit(call.stream, call.job, call.retention, call.now, {
     'tenant', call.tenant, 'job_id', call.job_id, 'step', call.step, 'reason', reason,
