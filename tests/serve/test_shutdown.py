@@ -22,7 +22,13 @@ import redis
 
 from gateway.runtime.exitbound import EXIT_SHUTDOWN_OVERRAN, MARGIN_SECONDS
 from gateway.store.embedded import ORPHANED_AT_START, die_with_parent, free_port
-from tests.support.processes import Serve, children_of, wait_dead, write_config
+from tests.support.processes import (
+    Serve,
+    children_of,
+    wait_dead,
+    wait_listening,
+    write_config,
+)
 
 # `run_app` (what `fencegate serve` runs) on a small app whose start-up or cleanup misbehaves
 APP = r"""
@@ -171,6 +177,7 @@ def test_workers_of_a_sigkilled_supervisor_exit_within_the_bound_while_redis_is_
     redis_pid = s.redis_pid()
     workers = [p for p in children_of(s.proc.pid) if p != redis_pid]
     assert len(workers) == 2
+    wait_listening(workers, s.port)  # /readyz said one is ready; both must be serving
     assert s.call("POST", "/v1/jobs/r/generations", {"generation": 1})[0] == 201
     headers = {"Fencing-Token": "1", "Content-Type": "application/json"}
 

@@ -147,6 +147,42 @@ def init(cfg: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def listening(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (Linux's /proc): a
+    gateway worker does once its app has started (``run_app`` opens its listener after the
+    start-up, its signal handlers installed), so this is "serving", per worker, where /readyz
+    answers for whichever worker took the connection."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":  # LISTEN
+                inodes.add(f"socket:[{cols[9]}]")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (FileNotFoundError, PermissionError):
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def wait_listening(pids: list[int], port: int, timeout: float = 60) -> None:
+    """Until every one of ``pids`` listens on ``port`` (see :func:`listening`)."""
+    deadline = time.monotonic() + timeout
+    while not all(listening(pid, port) for pid in pids):
+        assert time.monotonic() < deadline, f"not every worker listens on {port}: {pids}"
+        time.sleep(0.05)
+
+
 def children_of(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
     return [int(x) for x in out.stdout.split()]

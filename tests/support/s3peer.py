@@ -36,7 +36,7 @@ class MotoServer:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,  # the server dies with the test run
+            preexec_fn=die_with_parent(),  # the server dies with the test run
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

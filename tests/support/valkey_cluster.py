@@ -166,7 +166,7 @@ class ValkeyCluster:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent() if sys.platform.startswith("linux") else None,
             start_new_session=True,
         )
         node.paused = False

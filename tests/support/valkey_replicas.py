@@ -80,7 +80,7 @@ class ValkeyNode:
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of.port)]
         self.process = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent()
         )
         client = self.client(socket_timeout=1)
         try:
