@@ -215,8 +215,8 @@ class RedisLink:
         # the problems of the last replication topology check (gateway.store.topology); None:
         # not checked (replicas_acked 0)
         self.topology_problems: list[str] | None = None
-        # quotas.rejections_per_window for every fenced script but admit-6 (its admission
-        # hook counts its own): None audits every rejection
+        # quotas.rejections_per_window: every fenced script's rejections flag, and the count of
+        # every rejection but admit-6's (its admission hook counts those): None audits all
         self.rejection_budget: RejectionBudget | None = None
 
     async def aclose(self) -> None:

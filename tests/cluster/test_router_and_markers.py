@@ -288,8 +288,14 @@ async def test_tenant_feed_is_best_effort(
     job = next(
         j for p, j in jobs_on_distinct_primaries(valkey_cluster).items() if p != feed_node.port
     )
-    assert (await gw.register(job, generation=2)).status == 201
-    for _ in range(20):  # connections open (a first exchange may pass 0.3 s on a loaded host)
+    # connections open (a first exchange may pass 0.3 s on a loaded host, the registration
+    # first: seen in CI; one that timed out may have registered, so a later one answers 200)
+    for _ in range(20):
+        if (await gw.register(job, generation=2)).status in (200, 201):
+            break
+    else:
+        raise AssertionError("no registration answered within 0.3 s in 20 tries")
+    for _ in range(20):
         if (await gw.effect(job, "warm", 2)).status == 200:
             break
     else:
