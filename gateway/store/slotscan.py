@@ -6,9 +6,9 @@ reader visits all 16,384 keys.
 On a standalone Redis a chunk of 256 keys is one call of ``due-in-slots-1n`` (a read-only
 plain script answering only the keys with due entries, and at most :data:`BUDGET` entries a
 call: the keys after the one that reached it are sent again); on a Cluster, where each key
-is its own slot, one ``ZRANGEBYSCORE`` a key on the auto-pipeline, 1,024 at a time. Reading
-the 16,384 keys took ~100 ms of the gateway's CPU with a command per key on a standalone
-Redis, every sweep of every process."""
+is its own slot, one ``ZRANGEBYSCORE`` a key on the auto-pipeline, 1,024 at a time. A
+command per key costs the gateway ~100 ms of CPU a pass (16,384 requests packed and replies
+parsed), the script calls ~15 ms."""
 
 from __future__ import annotations
 

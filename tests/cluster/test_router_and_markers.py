@@ -289,7 +289,7 @@ async def test_tenant_feed_is_best_effort(
         j for p, j in jobs_on_distinct_primaries(valkey_cluster).items() if p != feed_node.port
     )
     # connections open (a first exchange may pass 0.3 s on a loaded host, the registration
-    # first: seen in CI; one that timed out may have registered, so a later one answers 200)
+    # first; one that timed out may have registered, so a later one answers 200)
     for _ in range(20):
         if (await gw.register(job, generation=2)).status in (200, 201):
             break

@@ -99,9 +99,9 @@ async def test_the_rejections_cap_is_exact_for_concurrent_calls_through_two_gate
 ) -> None:
     """On a standalone Redis each fenced script counts its rejection in the same atomic step
     as its decision: however many calls race through however many gateways, exactly the cap's
-    worth are audited, and every other one is answered 409 all the same (each gateway's own
-    view of the count, what it had before, let every call in flight through while none had
-    heard back)."""
+    worth are audited, and every other one is answered 409 all the same (a process deciding
+    from its own view of the count lets every call in flight through before a count comes
+    back)."""
     cap = 5
     a = await make_gateway(quotas={"rejections_per_window": cap})
     b = await make_gateway(quotas={"rejections_per_window": cap})

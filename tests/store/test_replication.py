@@ -298,8 +298,7 @@ async def test_an_unacknowledged_admit_that_survives_a_failover_is_released(
         primary = rs.primary.client()
         replica = rs.replicas[0]
         # the replica stopped: the admit's write waits in its socket, not acknowledged (503,
-        # nothing sent), and is applied once it runs again (a missed fsync window was the
-        # same fault by luck, and under CPU load the window was seldom missed)
+        # nothing sent), and is applied once it runs again
         withheld = "s0"
         sent_before = len(upstream.received)
         replica.pause()
