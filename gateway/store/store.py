@@ -583,8 +583,8 @@ class Decisions:
             keys,
             (keys.job, keys.outputs, keys.audit),
             (
-                # the record never raises the fence, nor counts against the rejections quota
-                # (its stage did): mode 'required', every rejection audited
+                # the record never raises the fence (its stage did): mode 'required', every
+                # rejection audited (no rejections flag) and counted after the script
                 *fenced_args(keys, generation, "required", worker_id, self._retention, "", ""),
                 name,
                 upload,
