@@ -360,15 +360,17 @@ async def epoch_check(
 
 
 async def quarantine(client: aioredis.Redis, *, cause: str = "operator", **facts: Any) -> None:
-    """Remove every marker (on Cluster one ``DEL`` per slot, pipelined per node), and say why
-    in ``fg:quarantine`` (read by every gateway's ``/readyz`` and its log of a refusal). The
-    global marker goes first: a gateway that finds it missing knows at once."""
+    """Remove every marker (on Cluster one ``DEL`` per slot, pipelined per node), then say
+    why in ``fg:quarantine`` (read by every gateway's ``/readyz`` and its log of a refusal).
+    The global marker goes first: a gateway that finds it missing knows at once. The record
+    goes last: once it is there, every slot's script refuses (its marker is gone), so nothing
+    that reads the record can still be admitted anywhere."""
     record = {"cause": cause, "at_ms": int(time.time() * 1000), **facts}
     await client.delete(MARKER)
-    await client.set(QUARANTINE, json.dumps(record))
     markers = [slot_marker(slot) for slot in range(SLOTS)]
     for i in range(0, SLOTS, 2048):
         await delete_slots(client, markers[i : i + 2048])
+    await client.set(QUARANTINE, json.dumps(record))
 
 
 async def verify_audit(
