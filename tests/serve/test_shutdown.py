@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -273,3 +274,17 @@ def test_a_child_whose_parent_died_before_its_death_signal_was_set_never_runs() 
     kept = subprocess.Popen([sys.executable, "-c", "print('ran')"], stdout=subprocess.PIPE,
                             preexec_fn=die_with_parent())  # fmt: skip
     assert kept.communicate(timeout=10)[0].strip() == b"ran" and kept.returncode == 0
+
+
+def test_every_child_is_started_with_its_death_signal_set() -> None:
+    """``die_with_parent`` makes the ``preexec_fn``: passed uncalled, the child runs the
+    factory, which sets nothing, and outlives whoever started it."""
+    root = Path(__file__).resolve().parents[2]
+    sources = [*(root / "gateway").rglob("*.py"), *(root / "tests").rglob("*.py")]
+    uncalled = [
+        f"{path.relative_to(root)}:{n}"
+        for path in sources
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search("preexec_fn=" + r"die_with_parent\b(?!\()", line)  # not this line
+    ]
+    assert len(sources) > 100 and uncalled == []
