@@ -116,6 +116,8 @@ class WireProxy:
         self.refuse_until = 0.0  # lose_and_refuse: new connections aborted until then
         self._healed = asyncio.Event()
         self._conns: set[_Conn] = set()
+        self._accepted: set[asyncio.StreamWriter] = set()  # from accept until its pipes end
+        self._closed = False
         self._server: asyncio.Server | None = None
 
     @property
@@ -127,10 +129,16 @@ class WireProxy:
         return self
 
     def close(self) -> None:
+        """Stop listening and abort every connection, those still dialling the target too:
+        none outlives the proxy (an unclosed transport fails the test that owns it)."""
+        self._closed = True
         self.heal()
         if self._server is not None:
             self._server.close()
         self.reset_all()
+        for w in list(self._accepted):
+            w.transport.abort()
+        self._accepted.clear()
 
     # -- faults ---------------------------------------------------------------
 
@@ -206,13 +214,27 @@ class WireProxy:
         if self.mode == "reset":
             writer.close()
             return
-        if asyncio.get_running_loop().time() < self.refuse_until:
+        if self._closed or asyncio.get_running_loop().time() < self.refuse_until:
             writer.transport.abort()
             return
+        self._accepted.add(writer)
+        try:
+            await self._pipe(reader, writer)
+        finally:
+            self._accepted.discard(writer)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
             writer.transport.abort()
+            return
+        except asyncio.CancelledError:  # the run ended while dialling: the client is dropped
+            writer.transport.abort()
+            raise
+        if self._closed:  # closed while dialling
+            writer.transport.abort()
+            up_w.transport.abort()
             return
         conn = _Conn(writer, up_w)
         self._conns.add(conn)
