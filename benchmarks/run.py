@@ -506,7 +506,7 @@ async def floors(stack: Stack, n: int, concurrency: int) -> list[dict[str, Any]]
     keys = JobKeys("default", f"floor-{secrets.token_hex(3)}")
     await store.register(keys, 1, None)
     shas = store.link.script_shas
-    admit_sha, record_sha, checkpoint_sha = shas["admit-6"], shas["record-3"], shas["checkpoint-3"]
+    admit_sha, record_sha, checkpoint_sha = shas["admit-8"], shas["record-4"], shas["checkpoint-3"]
 
     def trailer(rid: str) -> tuple[list[str], list[str]]:
         """The prelude's trailer every script call carries (see gateway/store/lua/_prelude.lua)."""

@@ -5,7 +5,7 @@
   what a replay and a stale call answer; anything else is a 501 naming the script's code.
 
   Input: plan.json (written by benchmarks/peer/plan.py before nginx starts):
-    sha         the SHA1 of admit-6 as the store assembles it (prelude + includes + body),
+    sha         the SHA1 of admit-8 as the store assembles it (prelude + includes + body),
                 SCRIPT LOADed into the bench's Redis
     numkeys     how many of `args` are KEYS
     args        the EVALSHA arguments after numkeys, each a list of pieces: a literal string, or

@@ -1,7 +1,7 @@
 """The peer: a minimal nginx + Lua gateway running fencegate's own admit script (rows P2, P3, P3f).
 
 The peer answers ``POST /v1/jobs/{job}/effects/{step}`` for a replay and a stale call by
-running ``admit-6`` — as :func:`gateway.store.scripts.lua_source` assembles it, SCRIPT LOADed
+running ``admit-8`` — as :func:`gateway.store.scripts.lua_source` assembles it, SCRIPT LOADed
 here — with EVALSHA against the bench's durable Redis, and renders the gateway's answers
 byte for byte (``fencegate_peer.lua``). Port P3f also copies a rejection's audit entry to the
 tenant's feed, as the gateway does — unless the admit script does so itself (its trailer names
@@ -149,7 +149,7 @@ async def capture(redis_host: str, redis_port: int, gateway_port: int) -> dict[s
 
     sent = asyncio.get_running_loop().run_in_executor(None, send)
     admit: list[str] | None = None
-    source = lua_source("admit-6")
+    source = lua_source("admit-8")
     try:
         async with asyncio.timeout(15):
             while admit is None:
@@ -217,7 +217,7 @@ def load_script(client_url: str) -> str:
 
     client = redis.Redis.from_url(client_url)
     try:
-        return str(client.script_load(lua_source("admit-6")))
+        return str(client.script_load(lua_source("admit-8")))
     finally:
         client.close()
 

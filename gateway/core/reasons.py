@@ -46,5 +46,5 @@ REFUSALS: Final[tuple[str, ...]] = tuple(r for r in REASONS if r not in RESOLUTI
 
 
 def resolution(delivered: bool) -> str:
-    """The reason of an operator's resolution (``resolve-5.lua`` writes the same string)."""
+    """The reason of an operator's resolution (``resolve-6.lua`` writes the same string)."""
     return "operator_resolved_delivered" if delivered else "operator_resolved_not_delivered"

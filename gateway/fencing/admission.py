@@ -1,6 +1,6 @@
 """The effect service's admission hook: a guard consulted around the fence's decision.
 
-The fence decides in one script (``admit-6``); an admission hook never decides instead of
+The fence decides in one script (``admit-8``); an admission hook never decides instead of
 it. It is asked twice per effect call:
 
 * :meth:`Admission.before` — before the script runs. It answers a :class:`Gate`: which of
@@ -49,12 +49,12 @@ class Gate:
     """What :meth:`Admission.before` decided; handed back to :meth:`Admission.after`."""
 
     # the tenant's used-up quotas, letters: 'e' no new dispatch or queue entry, 'p' no new
-    # queue entry (the payload is then not sent to Redis), both admit-6's ARGV[19]; 'r'
+    # queue entry (the payload is then not sent to Redis), both admit-8's ARGV[19]; 'r'
     # rejections answered but not audited (the fenced call's ARGV[8], includes/fence)
     closed: str = ""
     hold: Any = None  # the hook's own state between the two calls (a payload reservation)
     # what the script charges itself, against the tenant's caps: a payload it queues, an
-    # effect call it claims or queues (admit-6's ARGV[20] to ARGV[28]); () none
+    # effect call it claims or queues (admit-8's ARGV[20] to ARGV[28]); () none
     charges: tuple[str, ...] = ()
 
 

@@ -1,4 +1,4 @@
-"""The async relay: queued steps claimed under the fence (``relay-5``) and dispatched, fair
+"""The async relay: queued steps claimed under the fence (``relay-6``) and dispatched, fair
 across tenants; the sweep that finds a step whose hint was lost.
 
 :class:`Relay` owns its loop, its wake-up event and its stop flag; it dispatches through the
@@ -194,7 +194,7 @@ class Relay:
             if claim in ("superseded", "lease_expired", "cancelled", "job_completed", "unbound"):
                 self._metrics.relay_not_sent.labels(claim).inc()
                 log.info("relay_not_sent", key=f"{keys.job_id}:{step}", why=claim)
-            await self._store.relay_unhint(keys, step)
+            await self._store.relay_left(keys, step)
             return True
         if isinstance(claim, int):  # someone is dispatching it: look again after its deadline
             await self._store.relay_hint(keys, step, claim + 50)
@@ -205,7 +205,7 @@ class Relay:
             log.error("relay_unknown_adapter", adapter=claim.adapter, key=f"{keys.job_id}:{step}")
             reason = {"reason": f"adapter {claim.adapter!r} is not configured"}
             await self._store.record(keys, step, claim.dispatch_id, "failed", error=reason)
-            await self._store.relay_unhint(keys, step)
+            await self._store.relay_left(keys, step)
             return True
         request = self._dispatcher.request(
             keys, step, claim.generation, claim.adapter, claim.operation, claim.payload, started
@@ -214,9 +214,9 @@ class Relay:
         try:
             await self._dispatcher.spawn(keys, adapter, request, admitted)
         except AdapterUnavailable:  # released, still queued: try again later (re-claimed)
-            await self._store.relay_hint(keys, step, int(time.time() * 1000) + RELAY_RETRY_MS)
+            await self._store.relay_queued(keys, step, int(time.time() * 1000) + RELAY_RETRY_MS)
             return True
         except FencegateError:
             pass  # failed or unknown: recorded; nothing more for the relay to do
-        await self._store.relay_unhint(keys, step)
+        await self._store.relay_left(keys, step)
         return True

@@ -209,8 +209,8 @@ class EffectService:
             await admission.after(call, gate, verdict)  # raises for an OverQuota verdict
         self._crash("after_admit")
         if isinstance(verdict, Queued):
-            # the queue entry was written with the step; this hint only makes it prompt
-            await self._store.relay_hint(keys, step, int(time.time() * 1000))
+            # the queue entry was written with the step; the hint only makes it prompt
+            await self._store.relay_queued(keys, step, int(time.time() * 1000))
             self.relay.wake()
             return self.dispatcher.result(
                 keys, step, verdict.generation, verdict.state, adapter_name
@@ -288,7 +288,7 @@ class EffectService:
             failure = exc
         # The admit was sent and not answered: it may have run. Once more, same request id and
         # the same bound (not when it ran and only its replicas did not acknowledge: that would
-        # only wait again). No copy of it runs after that bound (admit-6 ARGV[18]).
+        # only wait again). No copy of it runs after that bound (admit-8 ARGV[18]).
         run_before = failure.run_before_ms
         if not failure.unacknowledged:
             await asyncio.sleep(0.05)

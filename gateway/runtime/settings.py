@@ -151,9 +151,11 @@ class FencingSettings(_Section):
     """How long effect records, checkpoints and audit entries are kept after their last use;
     fences and completions are never expired."""
     relay_sweep_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
-    """How often the relay reads every slot's queue again: a queued step whose hint was lost
-    in a crash (between its admit and its hint) is relayed within this. An operator's
-    trade-off on a Cluster, where each sweep reads all 16,384 slot queues."""
+    """How often the relay reads every slot's queue again: on a Cluster, a queued step whose
+    hint was lost in a crash (between its admit and its hint) is relayed within this (on a
+    standalone Redis the scripts write the hints themselves: the sweep only finds a hint
+    removed by hand). An operator's trade-off on a Cluster, where each sweep reads all 16,384
+    slot queues."""
     attention_reconcile_seconds: Annotated[float, Field(gt=0, le=3600)] = 15.0
     """How often one gateway of the deployment (the first to take the interval's turn)
     rebuilds the tenants' "needs a decision" hints from every slot's index: a hint lost in a

@@ -26,9 +26,11 @@ so the tag is unambiguous.
 ``fg:rq:{<s>}``         the relay queue of one slot: sorted set of ``[tenant, job, step]``
                         scored by due time (ms). Written by the admit that queues the
                         step, atomically with it; left by the outcome. The truth.
-``fg:relay:t:<t>``      per tenant: a hint of the same members, written after the
-                        admit, read by the relay (fair across tenants). A hint lost
-                        in a crash is found again by the sweep of every slot queue.
+``fg:relay:t:<t>``      per tenant: a hint of the same members, read by the relay
+                        (fair across tenants): written by the same scripts on a
+                        standalone Redis (includes/relayq); on a Cluster after the
+                        script, where a hint lost in a crash is found again by the
+                        sweep of every slot queue.
 ``fg:relay:tenants``    set of the tenants that have hints.
 ``fg:nd:{<s>}``         the attention index of one slot (``nd``: "needs a decision";
                         the code's name is attention, :mod:`gateway.store.attention`,

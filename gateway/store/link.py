@@ -40,8 +40,10 @@ from gateway.store.keys import (
     EPOCH,
     MARKER,
     QUARANTINE,
+    RELAY_TENANTS,
     JobKeys,
     audit_feed,
+    relay_hint,
     slot_marker,
     witness,
 )
@@ -212,11 +214,14 @@ class RedisLink:
         # the scripts copy their audit entries to the tenant feed themselves (the trailer names
         # it, includes/feed), except on a Cluster: the feed lives in another slot there
         self.feeds_in_script = not is_cluster(client)
+        # the relay's per-tenant hints are written by the scripts that write the slot's queue
+        # (includes/relayq), except on a Cluster: the gateway writes them after the script there
+        self.hints_in_script = self.feeds_in_script
         # the problems of the last replication topology check (gateway.store.topology); None:
         # not checked (replicas_acked 0)
         self.topology_problems: list[str] | None = None
         # quotas.rejections_per_window: every fenced script's rejections flag, and the count of
-        # every rejection but admit-6's (its admission hook counts those): None audits all
+        # every rejection but admit-8's (its admission hook counts those): None audits all
         self.rejection_budget: RejectionBudget | None = None
 
     async def aclose(self) -> None:
@@ -363,6 +368,14 @@ class RedisLink:
         del reply[0]
         return reply
 
+    def relay_hint_keys(self, tenant: str, *, tenants: bool = False) -> tuple[str, ...]:
+        """The keys a script that writes the slot's relay queue writes the tenant's hint with
+        (includes/relayq; ``tenants``: and the set of tenants with hints, for a script that
+        queues a step): none on a Cluster, where they are other slots' keys."""
+        if not self.hints_in_script:
+            return ()
+        return (relay_hint(tenant), RELAY_TENANTS) if tenants else (relay_hint(tenant),)
+
     async def run_bounded(
         self,
         name: str,
@@ -373,7 +386,7 @@ class RedisLink:
         run_before_ms: int | None,
         after: Sequence[str] = (),
     ) -> list[Any]:
-        """:meth:`run_script` with a "run before" as the last argument (admit-6, relay-5: arriving
+        """:meth:`run_script` with a "run before" as the last argument (admit-8, relay-6: arriving
         later, the script does nothing: {11}); None: Redis's clock as estimated here plus the
         request memory. A lost reply raises ``StoreUnavailable`` carrying the bound (a void
         outlives it). A {11} that came back means the estimate was behind: learnt, and once

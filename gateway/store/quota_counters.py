@@ -142,7 +142,7 @@ class QuotaCounters:
         effects: tuple[int, int] | None,
     ) -> tuple[str, ...]:
         """What the admit needs to charge, in its own atomic step (:attr:`folds`), an async
-        payload (``(charge, cap)``: admit-6's ARGV[20] to ARGV[25]) and an effect call of the
+        payload (``(charge, cap)``: admit-8's ARGV[20] to ARGV[25]) and an effect call of the
         window (``(window index, cap)``: ARGV[26] to ARGV[28]); '' for what is not charged."""
         p = quota_prefix(keys.tenant)
         held: tuple[str, ...] = ("",) * 6

@@ -1,5 +1,11 @@
 """The async relay's queue in Redis: per-slot queues (the truth), per-tenant hints, the sweep
-that finds a lost hint, and the claim (``relay-5``)."""
+that finds a lost hint, and the claim (``relay-6``).
+
+On a standalone Redis the scripts that write a slot's queue write the tenant's hint in the
+same atomic step (``includes/relayq``): a tenant's hints are exactly its queued steps, so no
+hint is lost in a crash and none is removed after its step was queued again. On a Cluster the
+hint is another slot's key: the gateway writes it after the script (:meth:`RelayQueue.queued`,
+:meth:`RelayQueue.left`), and the sweep finds one lost in a crash."""
 
 from __future__ import annotations
 
@@ -29,8 +35,9 @@ class RelayQueue:
     """The async relay's queue, on the store's link.
 
     The truth is the queue of each slot (fg:rq:{s}), written by the scripts atomically with
-    the step. The relay reads per-tenant hints, written after the admit; a hint lost in a
-    crash is found again by :meth:`sweep`, which reads every slot's queue."""
+    the step. The relay reads per-tenant hints: written with it (a standalone Redis), or
+    after the script (a Cluster), where a hint lost in a crash is found again by
+    :meth:`sweep`, which reads every slot's queue."""
 
     def __init__(
         self,
@@ -46,8 +53,22 @@ class RelayQueue:
         self._dispatch_timeout_ms = str(dispatch_timeout_ms)
         self._retention = str(retention_seconds)
 
+    async def queued(self, keys: JobKeys, step: str, due_ms: int) -> None:
+        """A script queued the step, or queued it again, due at ``due_ms``: its hint, unless
+        the script wrote it (a standalone Redis)."""
+        if not self._link.hints_in_script:
+            await self.relay_hint(keys, step, due_ms)
+
+    async def left(self, keys: JobKeys, step: str) -> None:
+        """A script's verdict took the step out of the queue: its hint goes, unless the script
+        removed it (a standalone Redis, where a removal after the script could remove the
+        hint of the step queued again meanwhile)."""
+        if not self._link.hints_in_script:
+            await self.relay_unhint(keys, step)
+
     async def relay_hint(self, keys: JobKeys, step: str, due_ms: int) -> None:
-        """Point the relay at a queued step (best effort: the sweep finds a lost one)."""
+        """Point the relay at a queued step (best effort: the sweep finds a lost one). A hint
+        that outlives its step costs one claim, which drops it (``relay-6``: 'unqueued')."""
         member = keys.member(step)
         try:
             async with self._client.pipeline(transaction=False) as pipe:
@@ -118,9 +139,16 @@ class RelayQueue:
         not come raises ``StoreUnavailable`` carrying it, for the void)."""
         dispatch_id = dispatch_id or scripts.new_dispatch_id()
         reply = await self._link.run_bounded(
-            "relay-5",
+            "relay-6",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.attention),
+            (
+                keys.effect(step),
+                keys.job,
+                keys.audit,
+                keys.relayq,
+                keys.attention,
+                *self._link.relay_hint_keys(keys.tenant),
+            ),
             (
                 dispatch_id,
                 self._dispatch_timeout_ms,

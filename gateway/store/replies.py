@@ -30,11 +30,11 @@ class Reply(IntEnum):
 
     DATA_LOST = 8  # {8} the slot's durability marker is missing; {8, 'behind', seen}
     REJECTED = 9  # {9, reason, presented, current, audit_id, pinned_sha}
-    TOO_LATE = 11  # {11, now_ms}: it arrived after its "run before" (admit-6, relay-5)
+    TOO_LATE = 11  # {11, now_ms}: it arrived after its "run before" (admit-8, relay-6)
 
 
 class AdmitReply(IntEnum):
-    """admit-6.lua"""
+    """admit-8.lua"""
 
     ADMITTED = 0
     REPLAY = 1
@@ -65,7 +65,7 @@ class CancelReply(IntEnum):
 
 
 class ResolveReply(IntEnum):
-    """resolve-5.lua"""
+    """resolve-6.lua"""
 
     RESOLVED = 0
     NOT_FOUND = 1
@@ -73,14 +73,14 @@ class ResolveReply(IntEnum):
 
 
 class RecordReply(IntEnum):
-    """record-3.lua"""
+    """record-4.lua"""
 
     RECORDED = 0
     LOST = 1  # another dispatch holds the step, or it was resolved meanwhile
 
 
 class RelayReply(IntEnum):
-    """relay-5.lua"""
+    """relay-6.lua"""
 
     CLAIMED = 0
     HELD = 2  # another dispatch holds the step

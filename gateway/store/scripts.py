@@ -22,15 +22,15 @@ from gateway.store.driver import driver_info
 from gateway.store.keys import JobKeys
 
 SCRIPT_NAMES = (
-    "admit-6",
-    "record-3",
+    "admit-8",
+    "record-4",
     "register-2",
     "heartbeat-2",
     "check-2",
     "cancel-1",
     "reject-2",
-    "resolve-5",
-    "relay-5",
+    "resolve-6",
+    "relay-6",
     "void-4",
     "checkpoint-3",
     "complete-3",

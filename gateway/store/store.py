@@ -131,7 +131,7 @@ _DETAILS = {
     "job_completed": "the job completed (its fence is {c}): it takes nothing new",
 }
 
-# admit-6 replies ending in a registration audit id: their length then
+# admit-8 replies ending in a registration audit id: their length then
 _REGISTERED_LAST: dict[int, int] = {
     AdmitReply.ADMITTED: 7,
     AdmitReply.IN_PROGRESS: 3,
@@ -328,9 +328,16 @@ class Decisions:
         """Record an operator's finding for an ``unknown`` step (audited; ``operator`` is the
         entry's worker_id, ``by`` the key's name, else its role)."""
         reply = await self._link.run_script(
-            "resolve-5",
+            "resolve-6",
             keys,
-            (keys.effect(step), keys.job, keys.audit, keys.relayq, keys.attention),
+            (
+                keys.effect(step),
+                keys.job,
+                keys.audit,
+                keys.relayq,
+                keys.attention,
+                *self._link.relay_hint_keys(keys.tenant),
+            ),
             (
                 "delivered" if delivered else "not_delivered",
                 "" if result is None else json.dumps(result, separators=(",", ":")),
@@ -400,17 +407,25 @@ class Decisions:
         reply was lost), the admit answers what it answered the first time; ``run_before_ms``
         too (the first send's bound, see :meth:`RedisLink.run_bounded`: a copy arriving later
         does nothing).
-        ``closed``: the tenant's used-up quotas (admit-6's ARGV[19]; 'r': its ARGV[8] is '1',
+        ``closed``: the tenant's used-up quotas (admit-8's ARGV[19]; 'r': its ARGV[8] is '1',
         else the rejections flag of :meth:`RedisLink.unaudited_flag`) -> ``OverQuota``.
-        ``charges``: what the script charges against the tenant's caps (admit-6's ARGV[20] to
+        ``charges``: what the script charges against the tenant's caps (admit-8's ARGV[20] to
         ARGV[28], ``QuotaCounters.admit_args``): over one -> ``OverQuota``; a payload queued
         and an effect call claimed or queued are charged.
         """
         dispatch_id = dispatch_id or scripts.new_dispatch_id()
         reply = await self._link.run_bounded(
-            "admit-6",
+            "admit-8",
             keys,
-            (keys.job, keys.effect(step), keys.audit, keys.steps, keys.relayq, keys.attention),
+            (
+                keys.job,
+                keys.effect(step),
+                keys.audit,
+                keys.steps,
+                keys.relayq,
+                keys.attention,
+                *self._link.relay_hint_keys(keys.tenant, tenants=True),
+            ),
             (
                 *fenced_args(
                     keys,
@@ -499,9 +514,14 @@ class Decisions:
         when the step is no longer held by this dispatch. A relay dispatch that ends
         ``released`` stays queued, due at ``retry_due_ms``."""
         reply = await self._link.run_script(
-            "record-3",
+            "record-4",
             keys,
-            (keys.effect(step), keys.relayq, keys.attention),
+            (
+                keys.effect(step),
+                keys.relayq,
+                keys.attention,
+                *self._link.relay_hint_keys(keys.tenant),
+            ),
             (
                 dispatch_id,
                 state,
@@ -684,6 +704,8 @@ class Store:
         # the relay queue
         self.relay_hint = relay_queue.relay_hint
         self.relay_unhint = relay_queue.relay_unhint
+        self.relay_queued = relay_queue.queued
+        self.relay_left = relay_queue.left
         self.relay_due = relay_queue.relay_due
         self.sweep = relay_queue.sweep
         self.relay_claim = relay_queue.relay_claim

@@ -236,8 +236,9 @@ async def test_the_relay_never_sends_after_the_steps_deadline(
         fencing={"dispatch_timeout_seconds": 0.4},
     )
     await gw.register("r", generation=1)
-    # requests naming the step's queue member: the admit, the relay hint, then the claim
-    held = wire.on_reply_to(b'"default","r","s"]', "hold", seconds=0.6, skip=2)
+    # requests naming the step's queue member: the admit (it writes the relay's hint), then
+    # the claim
+    held = wire.on_reply_to(b'"default","r","s"]', "hold", seconds=0.6, skip=1)
     marker = {"to": "a@example.com", "tag": "HOLD-THE-CLAIM"}
     resp = await gw.effect("r", "s", 1, payload=marker, headers=ASYNC)
     assert resp.status == 202

@@ -241,7 +241,7 @@ async def test_a_lost_reply_to_the_admit_that_charges_a_payload_counts_once(
     assert (await gw.register("j", generation=1)).status == 201
     async_ = {"Prefer": "respond-async"}
     blob = {"blob": "x" * 2_000}
-    admit = hashlib.sha1(lua_source("admit-6").encode(), usedforsecurity=False).hexdigest()
+    admit = hashlib.sha1(lua_source("admit-8").encode(), usedforsecurity=False).hexdigest()
 
     def held_bytes_match(steps: int) -> bool:
         held = redis_sync.hgetall("fg:quota:{default}:held")

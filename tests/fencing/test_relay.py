@@ -127,9 +127,10 @@ async def test_a_stopped_relay_always_stops(gw: Gateway) -> None:
 async def test_a_queued_step_whose_hint_was_lost_is_found_by_the_sweep(
     make_gateway: Any, upstream: Upstream
 ) -> None:
-    """The admit queues the step in its slot's queue, atomically; the tenant's hint is written
-    after it. A gateway that dies in between leaves a step with no hint: the relay's sweep of
-    every slot's queue finds it. Reproduced exactly: the admit alone, no hint."""
+    """The admit queues the step in its slot's queue, atomically; on a Cluster the tenant's
+    hint is written after it, and a gateway that dies in between leaves a step with no hint
+    (here the script writes it: removed by hand, as a hint of an older gateway lost so). The
+    relay's sweep of every slot's queue finds it."""
     gw: Gateway = await make_gateway(fencing={"relay_sweep_seconds": 0.3})
     store = gw.app[K.STORE]
     keys = JobKeys("default", "early")
@@ -141,6 +142,7 @@ async def test_a_queued_step_whose_hint_was_lost_is_found_by_the_sweep(
         payload_json=json.dumps(payload),
     )  # fmt: skip
     assert verdict.state == "pending"
+    await store.relay_unhint(keys, "notify")  # before the relay polls: it sleeps 0.25 s
     view = await wait_state(gw, "notify", "succeeded", job="early")
     assert view["attempts"] == 1
     assert [r.headers["Idempotency-Key"] for r in upstream.received] == ["early:notify"]

@@ -1,5 +1,5 @@
 """Admits the gateway gave up (their reply never came): a copy of one that reaches Redis late
-never claims the step (admit-6's "run before", void-4's mark; docs/reliability.md)."""
+never claims the step (admit-8's "run before", void-4's mark; docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from gateway.store.scripts import lua_source
 from tests.conftest import Gateway, Upstream
 from tests.support.wire import Fault, WireProxy
 
-ADMIT_SHA = hashlib.sha1(lua_source("admit-6").encode(), usedforsecurity=False).hexdigest()
+ADMIT_SHA = hashlib.sha1(lua_source("admit-8").encode(), usedforsecurity=False).hexdigest()
 
 
 async def register(gw: Gateway, job: str, generation: int) -> None:

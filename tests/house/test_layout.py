@@ -163,7 +163,7 @@ def test_public_import_paths_keep_working() -> None:
 
 
 def test_each_scripts_name_says_how_many_keys_it_takes() -> None:
-    """``admit-6`` takes six KEYS (before the prelude's trailer): the name is the contract a
+    """``admit-8`` takes six KEYS (before the prelude's trailer): the name is the contract a
     reader checks the store's call against."""
     import re
 

@@ -181,7 +181,7 @@ class Fenced:
 
 # Every script that decides under the fence, with one call of it.
 FENCED: dict[str, Fenced] = {
-    "admit-6": Fenced(admit, "s"),
+    "admit-8": Fenced(admit, "s"),
     "check-2": Fenced(check, "s"),
     "checkpoint-3": Fenced(checkpoint, "checkpoint:c"),
     "complete-3": Fenced(complete, "job:complete"),

@@ -1,4 +1,4 @@
-"""admit-6 reads a step's effect hash once: the answers that carry the record (a replay, an
+"""admit-8 reads a step's effect hash once: the answers that carry the record (a replay, an
 outcome unknown, an async repeat) answer the hash as it was read, unless the call changed it."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def hash_reads(client: redis.Redis) -> dict[str, int]:
 def test_a_replay_reads_the_effect_hash_once(lua: Scripts) -> None:
     lua.client.hset(JOB.effect("s"), mapping=RECORD)
     before = hash_reads(lua.client)
-    reply = lua.run("admit-6", JOB, admit(JOB, 1, "required"))
+    reply = lua.run("admit-8", JOB, admit(JOB, 1, "required"))
     after = hash_reads(lua.client)
     assert reply[0] == 1
     assert dict(zip(reply[1::2], reply[2::2], strict=True)) == RECORD  # the record as stored
@@ -43,7 +43,7 @@ def test_an_unknown_outcome_marked_by_the_admit_answers_the_hash_it_wrote(lua: S
     dispatching = {**RECORD, "state": "dispatching", "deadline": "1", "dispatch_id": "d0"}
     del dispatching["result"]
     lua.client.hset(JOB.effect("s"), mapping=dispatching)
-    reply = lua.run("admit-6", JOB, admit(JOB, 1, "required"))
+    reply = lua.run("admit-8", JOB, admit(JOB, 1, "required"))
     assert reply[0] == 3
     fields = dict(zip(reply[1::2], reply[2::2], strict=True))
     assert fields["state"] == "unknown" and "deadline passed" in fields["error"]

@@ -1,5 +1,5 @@
 """The tenant feed copy (``lua/includes/feed.lua``): a script that audits a rejection (or, in
-admit-6, a supersession) copies the entry to the feed the prelude's trailer names, in the
+admit-8, a supersession) copies the entry to the feed the prelude's trailer names, in the
 same script — the fields the store's own copy writes, once, also when the call is re-sent —
 and copies nothing when the trailer names no feed (a Cluster: the store copies it there)."""
 
@@ -52,14 +52,14 @@ def test_a_rejection_is_copied_to_the_tenant_feed_by_the_rejecting_script(
 def test_a_resent_rejection_is_copied_once(lua: Scripts) -> None:
     lua.register(JOB, 2)
     call = admit(JOB, 1, "required")
-    first = lua.run("admit-6", JOB, call, request_id="again", feed=FEED)
-    assert lua.run("admit-6", JOB, call, request_id="again", feed=FEED) == first
+    first = lua.run("admit-8", JOB, call, request_id="again", feed=FEED)
+    assert lua.run("admit-8", JOB, call, request_id="again", feed=FEED) == first
     assert len(feed(lua)) == 1
 
 
 def test_no_feed_named_no_copy(lua: Scripts) -> None:
     lua.register(JOB, 2)
-    reply = lua.run("admit-6", JOB, admit(JOB, 1, "required"))
+    reply = lua.run("admit-8", JOB, admit(JOB, 1, "required"))
     assert reply[:2] == [9, "stale_generation"]
     assert lua.client.exists(FEED) == 0
 
@@ -85,9 +85,9 @@ def test_a_rejection_outside_a_fence_guard_is_copied_too(lua: Scripts) -> None:
 def test_a_superseded_pending_step_is_copied_to_the_feed(lua: Scripts) -> None:
     keys, args = admit(JOB, 1, "required")
     queued = (keys, (*args[:15], '{"to":"a"}', *args[16:]))  # async: pending, queued
-    assert lua.run("admit-6", JOB, queued, feed=FEED)[0] == 4
+    assert lua.run("admit-8", JOB, queued, feed=FEED)[0] == 4
     lua.register(JOB, 2)
-    reply = lua.run("admit-6", JOB, admit(JOB, 2, "required"), feed=FEED)
+    reply = lua.run("admit-8", JOB, admit(JOB, 2, "required"), feed=FEED)
     assert reply[0] == 0 and reply[5]  # admitted, superseding the pending step
     ((_, entry),) = feed(lua)
     assert (entry["job_audit_id"], entry["reason"], entry["presented"]) == (

@@ -1,4 +1,4 @@
-"""The guard matrix: every script that decides under the fence (admit-6, check-2,
+"""The guard matrix: every script that decides under the fence (admit-8, check-2,
 checkpoint-3, complete-3, output-stage-3, output-record-3, heartbeat-2) against the same cases
 -- the current generation, a job never registered, below the fence, above it, cancelled,
 completed, the lease expired -- on a real Redis: the same reason codes, the same audit entries

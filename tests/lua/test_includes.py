@@ -14,7 +14,7 @@ from gateway.store.scripts import SCRIPT_NAMES, ScriptSourceError, lua_source
 pytestmark = pytest.mark.fast
 
 LUA = Path(__file__).resolve().parents[2] / "gateway" / "store" / "lua"
-FENCED = ("admit-6", "checkpoint-3", "complete-3", "output-stage-3", "heartbeat-2", "check-2")
+FENCED = ("admit-8", "checkpoint-3", "complete-3", "output-stage-3", "heartbeat-2", "check-2")
 
 
 def tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -75,10 +75,10 @@ def test_a_store_with_an_unknown_include_fails_when_it_is_built(
     from gateway.store import link
     from gateway.store.store import Store
 
-    lua = tree(tmp_path, {"admit-6": '--- @include "includes/missing"\n'})
+    lua = tree(tmp_path, {"admit-8": '--- @include "includes/missing"\n'})
 
     def broken(name: str) -> str:
-        return lua_source(name, lua if name == "admit-6" else None)
+        return lua_source(name, lua if name == "admit-8" else None)
 
     monkeypatch.setattr(link, "lua_source", broken)
     with pytest.raises(ScriptSourceError, match="missing"):

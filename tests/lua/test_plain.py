@@ -57,7 +57,7 @@ def test_plain_includes_take_everything_as_arguments_and_are_defined_once() -> N
 
 def test_only_plain_names_load(tmp_path: Path) -> None:
     with pytest.raises(ScriptSourceError, match="not a plain script"):
-        PlainScript.load("admit-6")
+        PlainScript.load("admit-8")
     (tmp_path / "includes").mkdir()
     (tmp_path / "s-1.lua").write_text('--- @include "includes/fence"\nreturn 1\n')
     with pytest.raises(ScriptSourceError, match="unknown include 'fence'"):

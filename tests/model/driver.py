@@ -210,7 +210,7 @@ class JobLocal:
 @dataclass(frozen=True)
 class RelayLocal:
     # idle -> (sweep | poll) -> batch -> claim [-> resend* -> void] -> claimed -> sent
-    #      -> hint | unhint -> batch | idle
+    #      -> hint | requeued | unhint -> batch | idle
     pc: str = "idle"
     sweep: bool = True  # Relay.run sweeps at start and every sweep_seconds
     batch: tuple[str, ...] = ()  # the steps relay_due returned
@@ -223,7 +223,7 @@ class RelayLocal:
     late: bool = False
     outcome: str = ""
     tries: int = 0
-    due: int = 0  # the hint's score (ms) for pc == "hint"
+    due: int = 0  # the hint's score (ms) for pc == "hint" | "requeued"
 
     @property
     def step(self) -> str:
@@ -325,7 +325,7 @@ class Wire:
     def _eval(self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]) -> Any:
         name = self.names.get(sha, sha)
         rid = args[-5]  # the prelude's trailer: request id, memory, seen, audit key, feed
-        fx = {"admit-6": keys[1], "relay-5": keys[0]}.get(name)
+        fx = {"admit-8": keys[1], "relay-6": keys[0]}.get(name)
         first = bool(fx) and rid not in self.ran  # an authorising script's first run
         pipe = self.r.pipeline(transaction=False)
         if self.pending is not None:
@@ -338,7 +338,7 @@ class Wire:
         if first:
             # An authorising script's run, read right after it: a re-send of the same request
             # gets its remembered reply, so the authority is this run's, not the re-send's.
-            pipe.hmget(keys[0] if name == "admit-6" else keys[1], "fence", "cancelled")
+            pipe.hmget(keys[0] if name == "admit-8" else keys[1], "fence", "cancelled")
             pipe.hget(fx, "intent_sha256")
         pipe.evalsha(self.read_sha, 0)
         out = pipe.execute(raise_on_error=False)
@@ -358,7 +358,7 @@ class Wire:
             reply = self.r.eval(source, len(keys), *keys, *args)
             if first:
                 (fence, cancelled), pinned = (
-                    self.r.hmget(keys[0] if name == "admit-6" else keys[1], "fence", "cancelled"),
+                    self.r.hmget(keys[0] if name == "admit-8" else keys[1], "fence", "cancelled"),
                     self.r.hget(fx, "intent_sha256"),
                 )
         if first:
@@ -396,15 +396,15 @@ def writes_audit(script: str, reply: list[Any]) -> bool:
     code = int(reply[0])
     if code == 9:  # every rejection is audited by the script that decided it
         return True
-    if script == "admit-6" and code == 0:  # a superseded pending step, a registration
+    if script == "admit-8" and code == 0:  # a superseded pending step, a registration
         return bool(reply[5] or reply[6])
-    if script == "admit-6" and code == 4:
+    if script == "admit-8" and code == 4:
         return bool(reply[1] or reply[2])
     if script == "register-2" and code == 0:  # a new generation: recorded in the chain
         return True
-    if script == "relay-5" and code == 3:  # released as superseded / lease_expired
+    if script == "relay-6" and code == 3:  # released as superseded / lease_expired
         return bool(reply[2])
-    return script == "resolve-5" and code == 0  # operator_resolved_<outcome>
+    return script == "resolve-6" and code == 0  # operator_resolved_<outcome>
 
 
 def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
@@ -413,7 +413,7 @@ def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
     code = int(reply[0])
     if code == 9:  # rejected: reason, presented, current, audit id
         return (9, *reply[1:5])
-    if script == "admit-6":
+    if script == "admit-8":
         if code in (0, 4):  # Admitted(...) / Queued, with the superseded audit id
             return (code, *reply[1:])
         if code == 5:  # Queued: accepted again
@@ -424,7 +424,7 @@ def verdict(script: str, reply: list[Any]) -> tuple[Any, ...]:
         return (code, rec.get("state"), rec.get("generation"), rec.get("intent_sha256"))
     if script in ("register-2", "cancel-1"):  # 201 / 200 "already": the documented retry
         return ("ok", *reply[1:])
-    if script == "relay-5" and code == 0:  # claimed; a re-send's answer leaves the payload
+    if script == "relay-6" and code == 0:  # claimed; a re-send's answer leaves the payload
         return (0, *reply[1:5], *reply[6:])  # out: the store reads it from the effect hash
     return tuple(reply)
 
@@ -824,10 +824,11 @@ class Driver:
         return replace(local, pc="done", did="", rid=""), Effects(text)
 
     async def worker_hint(self, w: WorkerSpec, local: WorkerLocal) -> tuple[WorkerLocal, Effects]:
-        """perform(respond_async): relay_hint after the admit queued the step; then 202."""
-        await self.store.relay_hint(KEYS, w.step, now_ms())
+        """perform(respond_async): relay_queued after the admit queued the step (its hint, unless
+        the script wrote it); then 202."""
+        await self.store.relay_queued(KEYS, w.step, now_ms())
         acks = [("async", w.step, w.gen, digest(w.body))]
-        return replace(local, pc="done"), Effects("relay_hint; 202 pending", acks=acks)
+        return replace(local, pc="done"), Effects("relay_queued; 202 pending", acks=acks)
 
     # -- the send, shared by the worker and the relay (_dispatch -> _send) -------------
 
@@ -840,7 +841,7 @@ class Driver:
         return Effects(f"send gen={gen} {pj} -> {outcome}", sends=[s])
 
     async def record(self, step: str, did: str, rid: str, outcome: str) -> tuple[bool | None, str]:
-        """_record: one try of record-3 (held; None: no answer, the caller tries again with
+        """_record: one try of record-4 (held; None: no answer, the caller tries again with
         the same request id)."""
         state = RECORDS[outcome]
         result = {"n": 1} if state == "succeeded" else None
@@ -963,15 +964,22 @@ class Driver:
                 )
             return replace(local, pc="unhint", did="", rid=""), Effects("record gave up")
         lost = "" if held else " (lost the step)"
-        if state == "released":  # AdapterUnavailable: relay_hint(now + RELAY_RETRY_MS)
-            return replace(local, pc="hint", did="", rid="", due=now_ms() + RELAY_RETRY_MS), (
+        if state == "released":  # AdapterUnavailable: relay_queued(now + RELAY_RETRY_MS)
+            return replace(local, pc="requeued", did="", rid="", due=now_ms() + RELAY_RETRY_MS), (
                 Effects(f"record {state}{lost}")
             )
         return replace(local, pc="unhint", did="", rid=""), Effects(f"record {state}{lost}")
 
     async def relay_unhint(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        await self.store.relay_unhint(KEYS, local.step)
-        return self.relay_next(local), Effects(f"relay_unhint {local.step}")
+        """The step left the queue: relay_left (its hint goes, unless the script removed it)."""
+        await self.store.relay_left(KEYS, local.step)
+        return self.relay_next(local), Effects(f"relay_left {local.step}")
+
+    async def relay_requeued(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
+        """Released, queued again: relay_queued (its hint, unless the script wrote it)."""
+        await self.store.relay_queued(KEYS, local.step, local.due)
+        later = "later" if local.due > now_ms() else "now"
+        return self.relay_next(local), Effects(f"relay_queued {local.step} ({later})")
 
     async def relay_hint(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
         await self.store.relay_hint(KEYS, local.step, local.due)

@@ -363,7 +363,7 @@ class Explorer:
                     out += [Move(i, "send", o) for o in self._outcomes(loc.late)]
                 elif pc == "sent":
                     script.append(Move(i, "record"))
-                elif pc in ("hint", "unhint"):
+                elif pc in ("hint", "requeued", "unhint"):
                     out.append(Move(i, pc))
                 if pc != "idle" and world.crashes:
                     out.append(Move(i, "crash"))
@@ -498,6 +498,8 @@ class Explorer:
                 loc, fx = await d.relay_record(loc)
             elif m.kind == "hint":
                 loc, fx = await d.relay_hint(loc)
+            elif m.kind == "requeued":
+                loc, fx = await d.relay_requeued(loc)
             else:
                 loc, fx = await d.relay_unhint(loc)
             locals_[m.actor] = loc

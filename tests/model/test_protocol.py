@@ -61,12 +61,12 @@ TAKEOVER = HOLES[0]  # A: generation 1 async; B: generation 2 sync; the downstre
 
 @pytest.mark.timeout(600)
 def test_mutation_admit_without_its_stale_check() -> None:
-    """The stale check lives in the fence guard (includes/fence); admit-6's source has its own
+    """The stale check lives in the fence guard (includes/fence); admit-8's source has its own
     copy of the include, so the mutation removes it from the admit only."""
     line = "if gen < g.fence then return g.reject('stale_generation') end"
     wanted = ("I-stale", "below the fence: admit")
     (rep,) = explore(
-        [ZOMBIE], mutate=[("admit-6", line, "")], stop_when=lambda r: found(r, *wanted)
+        [ZOMBIE], mutate=[("admit-8", line, "")], stop_when=lambda r: found(r, *wanted)
     )
     assert found(rep, *wanted), render([rep])
 
@@ -76,7 +76,7 @@ def test_mutation_relay_claim_without_the_fence_check_is_hole_2() -> None:
     wanted = ("I-stale", "below the fence: relay_claim")
     (rep,) = explore(
         [TAKEOVER],
-        mutate=[("relay-5", "if gen < fence then", "if false then")],
+        mutate=[("relay-6", "if gen < fence then", "if false then")],
         stop_when=lambda r: found(r, *wanted),
     )
     assert found(rep, *wanted), render([rep])
@@ -90,11 +90,11 @@ def test_mutation_payload_not_bound_to_the_intent_is_hole_1() -> None:
     drop = (
         keep
         + "  present(gone, 'payload', 'payload_sha', 'relay')\n"
-        + "  redis.call('ZREM', KEYS[5], member)\n"
+        + "  queue_remove(KEYS[5], KEYS[7], member)\n"
     )
     mutations = [
-        ("admit-6", drop, keep),
-        ("relay-5", "if not fx[6] or fx[7] ~= fx[8] then", "if not fx[6] then"),
+        ("admit-8", drop, keep),
+        ("relay-6", "if not fx[6] or fx[7] ~= fx[8] then", "if not fx[6] then"),
     ]
     wanted = ("I-intent", "not the pinned intent: relay_claim")
     (rep,) = explore([TAKEOVER], mutate=mutations, stop_when=lambda r: found(r, *wanted))
@@ -118,7 +118,7 @@ def test_mutation_record_without_the_index_update() -> None:
     line = "index(KEYS[3], ARGV[6], state, fmt(now))\n"
     wanted = ("I-index", "succeeded, indexed")
     (rep,) = explore(
-        [ZOMBIE], mutate=[("record-3", line, "")], stop_when=lambda r: found(r, *wanted)
+        [ZOMBIE], mutate=[("record-4", line, "")], stop_when=lambda r: found(r, *wanted)
     )
     assert found(rep, *wanted), render([rep])
 
@@ -130,7 +130,7 @@ def test_mutation_relay_claim_without_the_index_update() -> None:
     line = "index(KEYS[5], member, 'dispatching', fmt(deadline))\n"
     wanted = ("I-index", "dispatching, not indexed")
     (rep,) = explore(
-        [TAKEOVER], mutate=[("relay-5", line, "")], stop_when=lambda r: found(r, *wanted)
+        [TAKEOVER], mutate=[("relay-6", line, "")], stop_when=lambda r: found(r, *wanted)
     )
     assert found(rep, *wanted), render([rep])
 

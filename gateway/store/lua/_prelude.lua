@@ -7,8 +7,9 @@
 
   Here: the trailer, now_ms(), fmt(), done() and run_script(). The audit chain
   (includes/audit), the tenant feed copy (includes/feed), the "needs a decision" index
-  (includes/index), the audited rejection (includes/reject) and the fence guard
-  (includes/fence) are included by the scripts that use them.
+  (includes/index), the relay's queue entry and hint (includes/relayq), the audited
+  rejection (includes/reject) and the fence guard (includes/fence) are included by the
+  scripts that use them.
 
   The store appends a trailer to every call, the same for all scripts; the prelude
   takes it off before the body runs, so a body sees only its own KEYS and ARGV:

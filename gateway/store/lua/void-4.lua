@@ -9,7 +9,7 @@
     KEYS[4] "needs a decision" index of this slot  fg:nd:{<s>}
     ARGV[1] the admit's dispatch id (its request id)   ARGV[2] retention, seconds
     ARGV[3] queue member (JSON [tenant, job, step])
-    ARGV[4] the admit's "run before" (admit-6 ARGV[17]), ms on Redis's clock ('' if none)
+    ARGV[4] the admit's "run before" (admit-8 ARGV[17]), ms on Redis's clock ('' if none)
 
   Output:
     {0, 'voided'}    the admit had not run: it never will (it finds {10} remembered)

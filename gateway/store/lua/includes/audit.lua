@@ -1,7 +1,7 @@
 --[[
   The job's audit chain: audit(stream, job, retention, now, fields, known) appends one entry
   (see below). Included by every script that writes an audit entry (through includes/reject
-  and includes/fence, or itself: register-2, relay-5, resolve-5).
+  and includes/fence, or itself: register-2, relay-6, resolve-6).
 ]]
 -- HMAC-SHA1 (RFC 2104) from redis.sha1hex; the key never stays in Redis.
 local function hex_to_bytes(hex)

@@ -1,6 +1,6 @@
 --- @include "includes/reject"
 --[[
-  The fence guard of every fenced call (admit-6, checkpoint-3, complete-3, output-stage-3,
+  The fence guard of every fenced call (admit-8, checkpoint-3, complete-3, output-stage-3,
   output-record-3, heartbeat-2, check-2): the same checks, the same implicit raise, the same
   audited rejection.
 
@@ -24,7 +24,7 @@
     'completed'  the job completed (any generation)            -> on_completed() when it
                  gives a reply (complete-3's replay), else job_completed
   Every fenced script lists 'cancelled' and 'stale'; only 'completed' moves or is left out
-  (admit-6 answers a completed job's replays and checks completion where it would dispatch).
+  (admit-8 answers a completed job's replays and checks completion where it would dispatch).
   Then, always:
     presented above the fence:
       the job completed                      -> job_completed (a completed job's fence is

@@ -8,6 +8,8 @@
     KEYS[3] job audit stream  fg:{t/j}:audit
     KEYS[4] relay queue of this slot  fg:rq:{<s>}
     KEYS[5] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[4])
+    KEYS[6] the tenant's relay hints  fg:relay:t:<tenant>: on a standalone Redis only
+            (includes/relayq); absent on a Cluster
     ARGV[1] dispatch id (= this call's request id)   ARGV[2] dispatch timeout, ms
     ARGV[3] retention, seconds   ARGV[4] queue member (JSON [tenant, job, step])
     ARGV[5] job id   ARGV[6] step   ARGV[7] tenant
@@ -33,17 +35,24 @@
 ]]
 --- @include "includes/audit"
 --- @include "includes/index"
+--- @include "includes/relayq"
 local now = now_ms()
 local run_before = tonumber(ARGV[8] or '')
 if run_before and now > run_before then return {11, fmt(now)} end
 local member = ARGV[4]
-if not redis.call('ZSCORE', KEYS[4], member) then return {3, 'unqueued', ''} end
+if not redis.call('ZSCORE', KEYS[4], member) then
+  -- a hint the gateway wrote after the step left the queue (after a {2}): dropped here
+  if KEYS[6] and redis.call('ZREM', KEYS[6], member) == 1 then
+    return done({3, 'unqueued', ''})
+  end
+  return {3, 'unqueued', ''}
+end
 local fx = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'generation', 'adapter',
   'operation', 'payload', 'payload_sha', 'intent_sha256', 'relay', 'worker_id')
 local state = fx[1]
 
 local function leave(why, audit_id)
-  redis.call('ZREM', KEYS[4], member)
+  queue_remove(KEYS[4], KEYS[6], member)
   return done({3, why, audit_id or ''})
 end
 
@@ -84,7 +93,7 @@ local gen = tonumber(fx[3]) or 0
 if job[2] == '1' then
   return release('job cancelled before the relay performed it', 'cancelled')
 end
--- a completed job takes no new dispatch (as in admit-6): its queued or retried steps end
+-- a completed job takes no new dispatch (as in admit-8): its queued or retried steps end
 if redis.call('HEXISTS', KEYS[2], 'completed') == 1 then
   return release('the job completed before the relay performed it', 'job_completed',
     'job_completed', fmt(fence))
@@ -109,7 +118,7 @@ redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 index(KEYS[5], member, 'dispatching', fmt(deadline))
 -- stays queued until the outcome is recorded: a relay that dies is found again at the deadline
-redis.call('ZADD', KEYS[4], deadline, member)
+queue_add(KEYS[4], KEYS[6], member, deadline)
 -- a re-send is answered without the payload (it stays in the effect hash while the claim
 -- holds the step): a claim per attempt must not keep a copy of it for the request memory
 return done({0, ARGV[1], fx[3], fx[4], fx[5], fx[6], fmt(deadline)},

@@ -9,6 +9,8 @@
     KEYS[4] job steps set     fg:{t/j}:steps
     KEYS[5] relay queue of this slot  fg:rq:{<s>}   (member: ARGV[17])
     KEYS[6] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[17])
+    KEYS[7] the tenant's relay hints  fg:relay:t:<tenant>, KEYS[8] the tenants with hints
+            fg:relay:tenants: on a standalone Redis only (includes/relayq); absent on a Cluster
     ARGV[1..8] the fenced call (includes/fence): generation, mode, job id, tenant,
              worker id, retention (effect records, steps set, audit stream), who calls,
              the tenant's rejections
@@ -83,6 +85,7 @@
 ]]
 --- @include "includes/index"
 --- @include "includes/fence"
+--- @include "includes/relayq"
 local gen = tonumber(ARGV[1])
 local now = now_ms()
 -- sent too late to run (ARGV[18]): the gateway may have given it up, and its void marker
@@ -197,7 +200,7 @@ local function claim(resolving)
   redis.call('HSET', KEYS[2], unpack(fields))
   -- a synchronous dispatch owns the step now: no stored payload, no queue entry
   present(gone, 'payload', 'payload_sha', 'relay')
-  redis.call('ZREM', KEYS[5], member)
+  queue_remove(KEYS[5], KEYS[7], member)
   if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
   index(KEYS[6], member, 'dispatching', fmt(deadline))
   touch()
@@ -212,7 +215,8 @@ local function enqueue()
     'relay', '1', 'generation', ARGV[1], 'updated_at', fmt(now), 'worker_id', ARGV[5]})))
   local gone = present({}, 'result', 'error', 'dispatch_id', 'deadline', 'resolving')
   if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
-  redis.call('ZADD', KEYS[5], now, member)
+  queue_add(KEYS[5], KEYS[7], member, now)
+  if KEYS[8] then redis.call('SADD', KEYS[8], ARGV[4]) end
   index(KEYS[6], member, 'pending')
   touch()
   if held ~= '' then  -- the step holds this payload's charge (over() saw it fit)
@@ -281,7 +285,7 @@ if state == 'dispatching' then
   local lapsed = '{"reason":"dispatch deadline passed without a recorded outcome"}'
   redis.call('HSET', KEYS[2], 'state', 'unknown', 'updated_at', fmt(now), 'error', lapsed)
   redis.call('HDEL', KEYS[2], 'payload', 'payload_sha', 'relay')
-  redis.call('ZREM', KEYS[5], member)
+  queue_remove(KEYS[5], KEYS[7], member)
   index(KEYS[6], member, 'unknown', fmt(now))
   state = 'unknown'
   h.state, h.updated_at, h.error = 'unknown', fmt(now), lapsed

@@ -8,6 +8,8 @@
     KEYS[3] job audit stream  fg:{t/j}:audit
     KEYS[4] relay queue of this slot  fg:rq:{<s>}
     KEYS[5] "needs a decision" index of this slot  fg:nd:{<s>}   (member: ARGV[8])
+    KEYS[6] the tenant's relay hints  fg:relay:t:<tenant>: on a standalone Redis only
+            (includes/relayq); absent on a Cluster
     ARGV[1] outcome: 'delivered' | 'not_delivered'
     ARGV[2] result JSON ('' for none)
     ARGV[3] job id   ARGV[4] step   ARGV[5] tenant   ARGV[6] retention, seconds
@@ -24,6 +26,7 @@
 ]]
 --- @include "includes/audit"
 --- @include "includes/index"
+--- @include "includes/relayq"
 local now = now_ms()
 local fx = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'generation', 'adapter')
 local state = fx[1]
@@ -38,7 +41,7 @@ index(KEYS[5], ARGV[8], new_state)
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[2]) end
 -- resolved: the relay never performs it again; the next call re-pins a released step
 redis.call('HDEL', KEYS[1], 'error', 'payload', 'payload_sha', 'relay')
-redis.call('ZREM', KEYS[4], ARGV[8])
+queue_remove(KEYS[4], KEYS[6], ARGV[8])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 local fence = redis.call('HGET', KEYS[2], 'fence') or '0'
 local id = audit(KEYS[3], KEYS[2], ARGV[6], now, {

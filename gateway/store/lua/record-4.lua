@@ -7,6 +7,8 @@
     KEYS[1] effect hash   fg:{t/j}:fx:<step>
     KEYS[2] relay queue of this slot  fg:rq:{<s>}
     KEYS[3] "needs a decision" index of this slot  fg:nd:{<s>}
+    KEYS[4] the tenant's relay hints  fg:relay:t:<tenant>: on a standalone Redis only
+            (includes/relayq); absent on a Cluster
     ARGV[1] dispatch id returned by admit or the relay's claim
     ARGV[2] new state: 'succeeded' | 'failed' | 'unknown' | 'released'
     ARGV[3] result JSON ('' for none)
@@ -25,6 +27,7 @@
   index, or (unknown) stays in it, scored from now.
 ]]
 --- @include "includes/index"
+--- @include "includes/relayq"
 local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'relay', 'result', 'error',
   'payload', 'payload_sha')
 if fx[1] ~= ARGV[1] or (fx[2] ~= 'dispatching' and fx[2] ~= 'unknown') then
@@ -53,8 +56,8 @@ if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 if requeued then
   due = ARGV[7]
-  redis.call('ZADD', KEYS[2], due, ARGV[6])
-else
-  redis.call('ZREM', KEYS[2], ARGV[6])
+  queue_add(KEYS[2], KEYS[4], ARGV[6], due)
+elseif fx[3] == '1' then  -- a relay step (only those are queued: a sync claim unqueues)
+  queue_remove(KEYS[2], KEYS[4], ARGV[6])
 end
 return done({0, due})
