@@ -9,12 +9,14 @@ the completion check), the tables below name each difference."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import pytest
 
-from tests.lua.scripts import FENCED, JOB, Scripts, complete_job, heartbeat
+from gateway.store.scripts import fenced_args
+from tests.lua.scripts import FENCED, JOB, RETENTION, Scripts, admit, complete_job, heartbeat
 
 pytestmark = pytest.mark.fast
 
@@ -190,3 +192,33 @@ def test_an_implicit_raise_does_not_hand_the_old_lease_to_the_new_generation(
     reply = lua.run("heartbeat-2", JOB, heartbeat(JOB, 2, "implicit"))
     assert reply[:3] == [0, "2", "0"], reply
     assert lua.client.hget(JOB.job, "lease_exp") == "0"
+
+
+def test_a_rejection_past_the_cap_after_the_admit_wrote_is_remembered(lua: Scripts) -> None:
+    """The admit finds a dispatch past its deadline and marks it unknown (a write); resolving
+    it then meets the completed job, with the tenant's rejections used up ('1'): the answer is
+    a rejection not audited, and, the script having written, it is remembered for a re-send
+    and raises the slot's counter like every write."""
+    lua.register(JOB, 1)
+    keys, args = admit(JOB, 1, "required")
+    lapsing = (*args[:13], "1", *args[14:])  # a dispatch timeout of 1 ms
+    assert lua.run("admit-8", JOB, (keys, lapsing))[0] == 0
+    complete_job(lua, JOB, 1)
+    time.sleep(0.01)  # the dispatch's deadline passes
+    audited = lua.client.xlen(JOB.audit)
+    before = int(lua.client.get(JOB.marker) or 0)
+    flagged = fenced_args(JOB, 1, "required", "w", RETENTION, "tester", "1")
+    resolving = (*flagged, *args[8:14], "1", *args[15:])  # the adapter can resolve it
+    reply = lua.run("admit-8", JOB, (keys, resolving), request_id="past-cap")
+    assert reply == [9, "job_completed", "1", "1", "", ""]
+    assert lua.client.hget(JOB.effect("s"), "state") == "unknown"
+    assert lua.client.xlen(JOB.audit) == audited  # not audited
+    assert json.loads(lua.client.get(JOB.req("past-cap")) or "null") == [
+        9,
+        "job_completed",
+        "1",
+        "1",
+        "",
+        "",
+    ]
+    assert int(lua.client.get(JOB.marker) or 0) > before

@@ -292,6 +292,7 @@ if state == 'dispatching' then
   h.payload, h.payload_sha, h.relay = nil, nil, nil
   marked = true
   dirty = true
+  g.wrote = true
 end
 
 if state == 'unknown' then

@@ -50,6 +50,9 @@
   g.completed() whether the job completed: read with the guard's HMGET when `order` checks
                 it, else with HEXISTS when first asked (the script has not written it yet)
   g.reject(reason, pinned)   an audited rejection of this call, later in the script
+  g.wrote       set by a script that wrote before a later g.reject (admit-8 marking a lapsed
+                dispatch unknown): a rejection past the cap, audited or not, is then a write
+                too (done(): remembered for a re-send, the slot's counter raised)
 ]]
 --[[
   The leading arguments of every fenced script, in this order (the store builds them once,
@@ -92,7 +95,7 @@ local function fence_guard(call, order, on_completed)
     job = redis.call('HMGET', call.job, 'fence', 'cancelled', 'lease_exp')
   end
   local gen = tonumber(call.presented)
-  local g = {fence = tonumber(job[1]) or 0, raised = false, registered = '',
+  local g = {fence = tonumber(job[1]) or 0, raised = false, wrote = false, registered = '',
     lease_exp = tonumber(job[3]) or 0, lease_ms = tonumber(asks and job[5] or ''),
     known = {lasting = job[1] ~= false or job[2] ~= false}}
   call.known = g.known  -- the audit entries of this call chain from it (includes/audit)
@@ -107,7 +110,7 @@ local function fence_guard(call, order, on_completed)
   function g.reject(reason, pinned)
     if past_rejection_cap(call.rejections) then  -- answered, not audited
       local reply = {9, reason, call.presented, fmt(g.fence), '', pinned or ''}
-      if g.raised then return done(reply) end
+      if g.raised or g.wrote then return done(reply) end
       return reply
     end
     return reject_call(call, reason, g.fence, pinned)
