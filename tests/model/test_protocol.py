@@ -86,11 +86,14 @@ def test_mutation_relay_claim_without_the_fence_check_is_hole_2() -> None:
 def test_mutation_payload_not_bound_to_the_intent_is_hole_1() -> None:
     """A sync re-pin keeps the async payload and the queue entry, and the relay claim does
     not check that the payload belongs to the pinned intent: d36082e's hole 1."""
-    keep = "  -- a synchronous dispatch owns the step now: no stored payload, no queue entry\n"
+    keep = (
+        "  -- a synchronous dispatch owns the step now: no stored payload, no queue entry (only"
+        " a relay\n  -- step is queued)\n"
+    )
     drop = (
         keep
         + "  present(gone, 'payload', 'payload_sha', 'relay')\n"
-        + "  queue_remove(KEYS[5], KEYS[7], member)\n"
+        + "  if h.relay then queue_remove(KEYS[5], KEYS[7], member) end\n"
     )
     mutations = [
         ("admit-8", drop, keep),

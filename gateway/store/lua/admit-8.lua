@@ -198,9 +198,10 @@ local function claim(resolving)
   -- the claim's first write: a command Redis refuses when out of memory (a ZREM or HDEL
   -- first would be allowed and let every later write through: a dispatch Redis cannot record)
   redis.call('HSET', KEYS[2], unpack(fields))
-  -- a synchronous dispatch owns the step now: no stored payload, no queue entry
+  -- a synchronous dispatch owns the step now: no stored payload, no queue entry (only a relay
+  -- step is queued)
   present(gone, 'payload', 'payload_sha', 'relay')
-  queue_remove(KEYS[5], KEYS[7], member)
+  if h.relay then queue_remove(KEYS[5], KEYS[7], member) end
   if #gone > 0 then redis.call('HDEL', KEYS[2], unpack(gone)) end
   index(KEYS[6], member, 'dispatching', fmt(deadline))
   touch()
