@@ -31,7 +31,7 @@ SCRIPT_NAMES = (
     "reject-2",
     "resolve-6",
     "relay-6",
-    "void-4",
+    "void-5",
     "checkpoint-3",
     "complete-3",
     # attempt-scoped outputs (gateway.fencing.outputs)

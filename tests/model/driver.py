@@ -982,7 +982,9 @@ class Driver:
         return self.relay_next(local), Effects(f"relay_queued {local.step} ({later})")
 
     async def relay_hint(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        await self.store.relay_hint(KEYS, local.step, local.due)
+        """Held by another dispatch: relay_queued(deadline + slack) (its hint, unless the
+        claim's script keeps it with the queue entry)."""
+        await self.store.relay_queued(KEYS, local.step, local.due)
         later = "later" if local.due > now_ms() else "now"
         return self.relay_next(local), Effects(f"relay_hint {local.step} ({later})")
 
