@@ -51,6 +51,7 @@ PLAIN_NAMES = (
     "anchor-snapshots-2n",
     "witness-raise-2",
     "due-in-slots-1n",
+    "relay-rehint-3",
 )
 _INCLUDE = re.compile(r'^--- @include "includes/([a-z][a-z0-9_-]*)"\s*$', re.M)
 

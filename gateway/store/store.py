@@ -714,6 +714,7 @@ class Store:
         self.relay_left = relay_queue.left
         self.relay_due = relay_queue.relay_due
         self.sweep = relay_queue.sweep
+        self.relay_rehint = relay_queue.rehint
         self.relay_claim = relay_queue.relay_claim
         # the reads
         self.effect = reads.effect

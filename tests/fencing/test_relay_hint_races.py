@@ -14,6 +14,7 @@ import redis
 from gateway.core.errors import StoreUnavailable
 from gateway.core.intents import intent_digest
 from gateway.http import appkeys as K
+from gateway.store import relayq
 from gateway.store.keys import JobKeys, relay_hint
 from tests.conftest import Gateway, Upstream
 
@@ -131,3 +132,39 @@ async def test_a_claim_that_found_the_step_held_leaves_the_hint_of_its_retry_alo
         await asyncio.sleep(0.02)
     assert hints == queue, "the late relay moved the hint away from the queue entry"
     assert len(records) >= 2, "the retry was not attempted"
+
+
+async def test_the_sweep_does_not_move_the_hint_of_a_step_claimed_after_it_read_the_queue(
+    make_gateway: Any, redis_sync: redis.Redis, upstream: Upstream, monkeypatch: Any
+) -> None:
+    """The sweep read a due queue entry; before it wrote the hint, the relay claimed the step
+    (entry and hint scored by the claim's deadline). The sweep must not write the hint back
+    at the score it read: the hint stays the queue entry (else the relay claims the held step
+    again, and the hint is off until the claim's deadline)."""
+    gw: Gateway = await make_gateway(fencing={"relay_sweep_seconds": 3600})
+    store = gw.app[K.STORE]
+    real_due = relayq.due_in_slots
+
+    async def due_then_claimed(*args: Any, **kw: Any) -> Any:
+        found = await real_due(*args, **kw)
+        await asyncio.wait_for(upstream.arrived.wait(), 10)  # claimed meanwhile
+        return found
+
+    gate = upstream.hold()
+    try:
+        keys = JobKeys("default", "w")
+        await gw.register("w", generation=1)
+        gw.app[K.SERVICE].relay.stop()  # this test claims the step, after the sweep's read
+        assert await _admit_async(store, keys, "s", {"n": 1}) == "pending"
+        monkeypatch.setattr(relayq, "due_in_slots", due_then_claimed)
+        sweep = asyncio.create_task(store.sweep(int(time.time() * 1000) + 10))
+        await asyncio.sleep(0.3)  # the sweep has read the queue: now the claim
+        claim = await store.relay_claim(keys, "s")
+        assert not isinstance(claim, int | str)
+        upstream.arrived.set()
+        assert await sweep >= 1
+        queue, hints = _snapshot(redis_sync, keys)
+        assert queue[keys.member("s")] == claim.deadline_ms
+        assert hints == queue, "the sweep moved the hint back to the score it read"
+    finally:
+        gate.set()
