@@ -168,3 +168,21 @@ async def test_the_sweep_does_not_move_the_hint_of_a_step_claimed_after_it_read_
         assert hints == queue, "the sweep moved the hint back to the score it read"
     finally:
         gate.set()
+
+
+async def test_the_sweep_restores_a_hint_removed_by_hand_at_its_queue_entrys_score(
+    make_gateway: Any, redis_sync: redis.Redis
+) -> None:
+    """On a standalone Redis the sweep's only find: a queued step whose hint was removed by
+    hand is hinted again, at its queue entry's score; a hinted step's hint is left as it is."""
+    gw: Gateway = await make_gateway(fencing={"relay_sweep_seconds": 3600})
+    store = gw.app[K.STORE]
+    gw.app[K.SERVICE].relay.stop()
+    keys = JobKeys("default", "x")
+    await gw.register("x", generation=1)
+    assert await _admit_async(store, keys, "s", {"n": 1}) == "pending"
+    assert await _admit_async(store, keys, "t", {"n": 2}) == "pending"
+    before = _snapshot(redis_sync, keys)
+    redis_sync.zrem(relay_hint("default"), keys.member("s"))
+    assert await store.sweep(int(time.time() * 1000) + 10) == 2
+    assert _snapshot(redis_sync, keys) == before
