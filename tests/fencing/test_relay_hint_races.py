@@ -17,6 +17,7 @@ from gateway.http import appkeys as K
 from gateway.store import relayq
 from gateway.store.keys import JobKeys, relay_hint
 from tests.conftest import Gateway, Upstream
+from tests.support.wire import WireProxy
 
 
 async def _admit_async(
@@ -186,3 +187,23 @@ async def test_the_sweep_restores_a_hint_removed_by_hand_at_its_queue_entrys_sco
     redis_sync.zrem(relay_hint("default"), keys.member("s"))
     assert await store.sweep(int(time.time() * 1000) + 10) == 2
     assert _snapshot(redis_sync, keys) == before
+
+
+async def test_a_relay_claim_whose_reply_the_wire_lost_is_relayed_again_within_seconds(
+    make_gateway: Any, upstream: Upstream, wire: WireProxy
+) -> None:
+    """The same on a real wire: the claim's reply is lost and Redis refuses connections for
+    a second (the claim's re-sends fail, its void waits for Redis): once Redis answers, the
+    void releases the step and the step is sent, not only at the lost claim's deadline."""
+    gw: Gateway = await make_gateway(redis={"url": wire.url}, fencing={"relay_sweep_seconds": 3600})
+    await gw.register("q", generation=1)
+    sha = gw.app[K.STORE].link.script_shas["relay-6"].encode()
+    lost = wire.on_reply_to(sha, "lose_and_refuse", seconds=1.0)
+    resp = await gw.effect("q", "s", 1, headers={"Prefer": "respond-async"})
+    assert resp.status == 202, await resp.text()
+    for _ in range(300):
+        if _sent(upstream, "q:s"):
+            break
+        await asyncio.sleep(0.02)
+    assert lost.fired.is_set()
+    assert _sent(upstream, "q:s") == 1, "not sent within 6 s of its lost claim"
