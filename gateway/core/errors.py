@@ -365,7 +365,7 @@ class StoreUnavailable(TryLater):
     # ([redis] replicas_acked): its verdict was withheld (re-sending it only waits again).
     unacknowledged: bool = False
     # An admit that may have run: the Redis time (ms) after which no copy of it still on the
-    # wire runs (admit-8's "run before"); a void of it must outlive this (void-4).
+    # wire runs (admit-8's "run before"); a void of it must outlive this (void-5).
     run_before_ms: int | None = None
 
 

@@ -197,7 +197,9 @@ class Relay:
             await self._store.relay_left(keys, step)
             return True
         if isinstance(claim, int):  # someone is dispatching it: look again after its deadline
-            await self._store.relay_hint(keys, step, claim + 50)
+            # (on a standalone Redis the claim's script keeps the hint with the queue entry: a
+            # hint written here could undo the holder's re-queue for a retry meanwhile)
+            await self._store.relay_queued(keys, step, claim + 50)
             return True
         try:
             adapter = self._dispatcher.adapter(claim.adapter, keys.tenant)

@@ -264,7 +264,7 @@ class EffectService:
             # the request was cancelled (a client gone, a shutdown) while the admit was on its
             # way: if it ran, it holds the step for a dispatch that never starts. A sync call
             # is given up as for a lost reply (an async one stays queued for the relay); the
-            # void's mark outlives any copy of the admit still on the wire (void-4).
+            # void's mark outlives any copy of the admit still on the wire (void-5).
             if not payload_json:
                 self.dispatcher.void_later(keys, step, dispatch_id, None)
                 self.relay.wake()

@@ -30,6 +30,8 @@ from gateway.store.slotscan import due_in_slots
 
 log = structlog.get_logger("fencegate.store")
 
+REHINT = scripts.PlainScript.load("relay-rehint-3")
+
 
 class RelayQueue:
     """The async relay's queue, on the store's link.
@@ -119,12 +121,30 @@ class RelayQueue:
         """Hint every due entry of every slot's queue (a hint lost in a crash); returns how
         many due entries were found (:func:`gateway.store.slotscan.due_in_slots`)."""
         found = 0
-        for _, rows in await due_in_slots(self._link.batcher, relay_queue, now_ms, per_slot):
+        for slot, rows in await due_in_slots(self._link.batcher, relay_queue, now_ms, per_slot):
+            await self.rehint(slot, rows)
+            found += len(rows)
+        return found
+
+    async def rehint(self, slot: int, rows: list[tuple[str, float]]) -> None:
+        """Hint the queue entries ``rows`` (member, score) the sweep read in ``slot``. On a
+        standalone Redis only a step still queued and without a hint is hinted, at its entry's
+        score as it is then, in one atomic step a tenant (``relay-rehint-3``): a step claimed,
+        re-queued or gone since the read keeps the hint its scripts wrote."""
+        if not self._link.hints_in_script:
             for member, score in rows:
                 tenant, job_id, step = json.loads(member)
                 await self.relay_hint(JobKeys(tenant, job_id), step, int(score))
-                found += 1
-        return found
+            return
+        by_tenant: dict[str, list[str]] = {}
+        for member, _ in rows:
+            by_tenant.setdefault(json.loads(member)[0], []).append(member)
+        for tenant, members in by_tenant.items():
+            keys = [relay_queue(slot), relay_hint(tenant), RELAY_TENANTS]
+            with redis_errors():
+                await self._link.batcher.evalsha(
+                    REHINT.sha, REHINT.source, keys, [tenant, *members]
+                )
 
     async def relay_claim(
         self,

@@ -31,7 +31,7 @@ SCRIPT_NAMES = (
     "reject-2",
     "resolve-6",
     "relay-6",
-    "void-4",
+    "void-5",
     "checkpoint-3",
     "complete-3",
     # attempt-scoped outputs (gateway.fencing.outputs)
@@ -51,6 +51,7 @@ PLAIN_NAMES = (
     "anchor-snapshots-2n",
     "witness-raise-2",
     "due-in-slots-1n",
+    "relay-rehint-3",
 )
 _INCLUDE = re.compile(r'^--- @include "includes/([a-z][a-z0-9_-]*)"\s*$', re.M)
 

@@ -489,9 +489,15 @@ class Decisions:
         ``run_before_ms``: 'voided' (it had not run and never will), 'released' / 'unknown' (it
         had run; the step is as before it), or what was there instead: nothing to undo."""
         reply = await self._link.run_script(
-            "void-4",
+            "void-5",
             keys,
-            (keys.effect(step), keys.relayq, keys.req(dispatch_id), keys.attention),
+            (
+                keys.effect(step),
+                keys.relayq,
+                keys.req(dispatch_id),
+                keys.attention,
+                *self._link.relay_hint_keys(keys.tenant),
+            ),
             (dispatch_id, self._retention, keys.member(step), str(run_before_ms or "")),
         )
         if reply[1] == "unknown":
@@ -708,6 +714,7 @@ class Store:
         self.relay_left = relay_queue.left
         self.relay_due = relay_queue.relay_due
         self.sweep = relay_queue.sweep
+        self.relay_rehint = relay_queue.rehint
         self.relay_claim = relay_queue.relay_claim
         # the reads
         self.effect = reads.effect

@@ -1,5 +1,5 @@
 """Admits the gateway gave up (their reply never came): a copy of one that reaches Redis late
-never claims the step (admit-8's "run before", void-4's mark; docs/reliability.md)."""
+never claims the step (admit-8's "run before", void-5's mark; docs/reliability.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""admit-8's "run before" (ARGV[17]) and void-4's mark: a copy of a given-up admit that reaches
+"""admit-8's "run before" (ARGV[17]) and void-5's mark: a copy of a given-up admit that reaches
 Redis late never runs as a fresh admit (docs/reliability.md, "a voided admit")."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def now_ms() -> int:
 
 def void(lua: Scripts, request_id: str, run_before: str) -> list[object]:
     keys = (JOB.effect("s"), JOB.relayq, JOB.req(request_id), JOB.attention)
-    return lua.run("void-4", JOB, (keys, (request_id, RETENTION, JOB.member("s"), run_before)))
+    return lua.run("void-5", JOB, (keys, (request_id, RETENTION, JOB.member("s"), run_before)))
 
 
 def test_an_admit_past_its_bound_does_nothing(lua: Scripts) -> None:

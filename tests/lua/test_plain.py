@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from gateway.store import anchors, link, output_records, quota_counters, slotscan
+from gateway.store import anchors, link, output_records, quota_counters, relayq, slotscan
 from gateway.store.keys import JobKeys
 from gateway.store.scripts import PLAIN_NAMES, PlainScript, ScriptSourceError, plain_source
 
@@ -68,7 +68,7 @@ def test_each_owner_holds_its_plain_scripts() -> None:
     owned = {
         quota_counters.RESERVE, quota_counters.SETTLE, quota_counters.SETTLE_CHECKPOINT,
         quota_counters.DROP, output_records.RESERVE, output_records.SETTLE, output_records.FIX,
-        anchors.SNAPSHOT, link.WITNESS_RAISE, slotscan.DUE,
+        anchors.SNAPSHOT, link.WITNESS_RAISE, slotscan.DUE, relayq.REHINT,
     }  # fmt: skip
     assert {s.name for s in owned} == set(PLAIN_NAMES)
 

@@ -370,6 +370,10 @@ class Wire:
     async def evalsha(
         self, sha: str, source: str | None, keys: Sequence[str], args: Sequence[str]
     ) -> Any:
+        if sha not in self.names:  # a plain script (the sweep's relay-rehint-3): as it is
+            assert source is not None
+            self.touch()
+            return self.r.eval(source, len(keys), *keys, *args)
         mode, self.mode = self.mode, "ok"  # a fault hits one script call
         reply = self._eval(sha, source, keys, args)
         if mode == "lost":  # the connection dropped after the script ran: the batcher re-sends
@@ -887,9 +891,7 @@ class Driver:
         rows = await self.aclient.zrangebyscore(
             KEYS.relayq, "-inf", now_ms(), start=0, num=100, withscores=True
         )
-        for member, score in rows:
-            tenant, job_id, step = json.loads(member)
-            await self.store.relay_hint(JobKeys(tenant, job_id), step, int(score))
+        await self.store.relay_rehint(KEYS.slot, rows)
         found = ",".join(json.loads(m)[2] for m, _ in rows) or "nothing"
         return replace(local, sweep=False), Effects(f"sweep: {found}")
 
@@ -982,7 +984,9 @@ class Driver:
         return self.relay_next(local), Effects(f"relay_queued {local.step} ({later})")
 
     async def relay_hint(self, local: RelayLocal) -> tuple[RelayLocal, Effects]:
-        await self.store.relay_hint(KEYS, local.step, local.due)
+        """Held by another dispatch: relay_queued(deadline + slack) (its hint, unless the
+        claim's script keeps it with the queue entry)."""
+        await self.store.relay_queued(KEYS, local.step, local.due)
         later = "later" if local.due > now_ms() else "now"
         return self.relay_next(local), Effects(f"relay_hint {local.step} ({later})")
 

@@ -26,7 +26,7 @@
     ARGV[17] the relay queue member of this step (JSON [tenant, job, step])
     ARGV[18] run before, ms on Redis's clock ('' for no bound): arriving later, the admit does
              nothing ({11}); the gateway gives an admit up only after this, and its void
-             marker lives until this at least (void-4)
+             marker lives until this at least (void-5)
     ARGV[19] the tenant's quotas that are used up (gateway.fencing.quotas), letters: 'e' no new
              dispatch or queue entry (effects_per_window), 'p' no new queue entry
              (payload_bytes; ARGV[16] is then a placeholder, never stored); '' none (a

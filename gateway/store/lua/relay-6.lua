@@ -14,13 +14,14 @@
     ARGV[3] retention, seconds   ARGV[4] queue member (JSON [tenant, job, step])
     ARGV[5] job id   ARGV[6] step   ARGV[7] tenant
     ARGV[8] run before, ms on Redis's clock ('' for no bound): arriving later, the claim does
-            nothing ({11}); a void of it (void-4) outlives this bound
+            nothing ({11}); a void of it (void-5) outlives this bound
 
   Output:
     {0, dispatch_id, generation, adapter, operation, payload, deadline_ms}   claimed (a
                        re-sent claim is answered with payload '': the gateway reads it from
                        the effect hash, where it stays while the claim holds the step)
-    {2, deadline_ms}   another dispatch holds the step: look again after its deadline
+    {2, deadline_ms}   another dispatch holds the step: look again after its deadline (on a
+                       standalone Redis the hint already says when: the queue entry's score)
     {3, why, audit_id} nothing to send; the step left the queue. why: its state (done,
                        resolved, re-pinned), 'unqueued', 'cancelled', 'job_completed'
                        (released, audited), 'superseded' (below the fence: released,
@@ -58,7 +59,16 @@ end
 
 if state == 'dispatching' then
   local deadline = tonumber(fx[2]) or 0
-  if now < deadline then return {2, fmt(deadline)} end
+  if now < deadline then
+    -- held: the hint is the queue entry (scored by the holder's deadline, or by the retry
+    -- the holder queued since); one left due by an older gateway's claim is moved to it
+    local due = redis.call('ZSCORE', KEYS[4], member)
+    if KEYS[6] and redis.call('ZSCORE', KEYS[6], member) ~= due then
+      redis.call('ZADD', KEYS[6], due, member)
+      return done({2, fmt(deadline)})
+    end
+    return {2, fmt(deadline)}
+  end
   -- the dispatcher died or stalled past its deadline: the outcome is not known
   redis.call('HSET', KEYS[1], 'state', 'unknown', 'updated_at', fmt(now),
     'error', '{"reason":"dispatch deadline passed without a recorded outcome"}')

@@ -1,6 +1,6 @@
 --[[
   The slot's "needs a decision" index: index(key, member, state, score). Included by every
-  script that changes a step's state (admit-8, record-4, relay-6, resolve-6, void-4,
+  script that changes a step's state (admit-8, record-4, relay-6, resolve-6, void-5,
   reindex-2).
 ]]
 -- The "needs a decision" index of this slot (fg:nd:{<s>}, the job's slot): a sorted set of

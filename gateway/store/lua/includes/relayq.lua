@@ -2,8 +2,8 @@
   The relay's queue entry of a step, written in the same atomic step as the step's state:
   the slot's queue (fg:rq:{<s>}, the truth) and, on a standalone Redis, the tenant's hint
   (fg:relay:t:<tenant>, what the relay reads, fair across tenants), with the same member and
-  score. Included by every script that queues, re-schedules or drops a step (admit-6,
-  record-3, relay-5, resolve-5).
+  score. Included by every script that queues, re-schedules or drops a step (admit-8,
+  record-4, relay-6, resolve-6, void-5).
 
     queue_add(queue, hint, member, due)   queue_remove(queue, hint, member)
 

@@ -9,12 +9,15 @@
     KEYS[4] "needs a decision" index of this slot  fg:nd:{<s>}
     ARGV[1] the admit's dispatch id (its request id)   ARGV[2] retention, seconds
     ARGV[3] queue member (JSON [tenant, job, step])
+    KEYS[5] the tenant's relay hints  fg:relay:t:<tenant>: on a standalone Redis only
+            (includes/relayq); absent on a Cluster
     ARGV[4] the admit's "run before" (admit-8 ARGV[17]), ms on Redis's clock ('' if none)
 
   Output:
     {0, 'voided'}    the admit had not run: it never will (it finds {10} remembered)
     {0, 'released'}  it had run and held the step for a dispatch that never started:
-                     released (known not delivered; a relay step stays queued)
+                     released (known not delivered; a relay step stays queued, due now:
+                     the claim had scored it by its deadline)
     {0, 'unknown'}   it had run to resolve an unknown step: the step is unknown again
     {1, what}        nothing to undo: the admit did not take the step ('answered'),
                      or queued it for the relay ('queued'), or the step moved on
@@ -27,8 +30,9 @@
   A step it makes unknown or released is updated in the slot's "needs a decision" index.
 ]]
 --- @include "includes/index"
+--- @include "includes/relayq"
 local prior = redis.call('GET', KEYS[3])
-local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'resolving')
+local fx = redis.call('HMGET', KEYS[1], 'dispatch_id', 'state', 'resolving', 'relay')
 -- the dispatch id is unique: a step held under it means the admit (or claim) ran, even when
 -- its remembered reply has expired (Redis was away longer than the request memory)
 local holds = fx[1] == ARGV[1] and fx[2] == 'dispatching'
@@ -58,4 +62,7 @@ redis.call('HSET', KEYS[1], 'state', 'released', 'updated_at', fmt(now), 'deadli
   'error', '{"reason":"the gateway lost the admit\'s reply and gave the call up: nothing was sent"}')
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 index(KEYS[4], ARGV[3], 'released')
+-- a relay claim given up: the step is queued (the claim scored it, and its hint, by the
+-- deadline of a dispatch that never started): due again now, not only at that deadline
+if fx[4] == '1' then queue_add(KEYS[2], KEYS[5], ARGV[3], now) end
 return done({0, 'released'})
