@@ -107,6 +107,7 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos.harness --long $(CHAOS_ARGS)
 	$(BIN)/python -m tests.chaos.replicas --long $(CHAOS_ARGS)
 	$(BIN)/python -m tests.chaos.cluster --long $(CHAOS_ARGS)
+	$(BIN)/python -m tests.chaos.relay_hints --code .
 	$(BIN)/python -m tests.model.explore --bound large
 
 demo: $(STAMP)

@@ -7,10 +7,10 @@
     KEYS[2] relay queue of this slot  fg:rq:{<s>}
     KEYS[3] the admit's request key   fg:{t/j}:req:<admit's request id>
     KEYS[4] "needs a decision" index of this slot  fg:nd:{<s>}
-    ARGV[1] the admit's dispatch id (its request id)   ARGV[2] retention, seconds
-    ARGV[3] queue member (JSON [tenant, job, step])
     KEYS[5] the tenant's relay hints  fg:relay:t:<tenant>: on a standalone Redis only
             (includes/relayq); absent on a Cluster
+    ARGV[1] the admit's dispatch id (its request id)   ARGV[2] retention, seconds
+    ARGV[3] queue member (JSON [tenant, job, step])
     ARGV[4] the admit's "run before" (admit-8 ARGV[17]), ms on Redis's clock ('' if none)
 
   Output:

@@ -8,13 +8,18 @@ of G2 past the dispatch timeout, a Redis restart (AOF, fsync always), a takeover
 the queues of its jobs' slots and records any difference. At the end: every accepted step's
 state, the upstream's receipts per key (duplicates), stale-generation sends, time to relay.
 
-    PYTHONPATH=<tree> python attack/stress.py --code <tree> [--steps 400]
+    python -m tests.chaos.relay_hints --code . [--steps 400]   (make chaos runs it)
+
+Exits 1 when a step was sent twice, a stale generation's step was sent after its takeover,
+an accepted step was stranded or a hint differed from its queue entry (``--code2``, an older
+gateway beside: its hints may differ, so the hint check is not held then).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -67,7 +72,7 @@ def start_redis(port: int, data: Path) -> subprocess.Popen[bytes]:
 
 def config(tmp: Path, rport: int, uport: int) -> Path:
     keys = ""
-    for tenant, (w, s) in KEYS.items():
+    for tenant in KEYS:
         keys += f"""
 [[auth.keys]]
 role = "worker"
@@ -122,9 +127,12 @@ def children(pid: int) -> list[int]:
     return [int(x) for x in out.stdout.split()]
 
 
-async def ready(http: aiohttp.ClientSession, port: int, timeout: float = 60) -> float:
+ASYNC_1 = {"Prefer": "respond-async", "Fencing-Token": "1"}
+
+
+async def ready(http: aiohttp.ClientSession, port: int, within: float = 60) -> float:
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
+    while time.monotonic() - t0 < within:
         try:
             async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
                 if r.status == 200:
@@ -335,10 +343,10 @@ async def main() -> None:
                     job = ajobs[k % len(ajobs)]
                     for _ in range(20):
                         try:
-                            st, _ = await call("a", 0, "POST", f"/v1/jobs/{job}/effects/h{k}",
-                                               {"adapter": "slow", "operation": "send",
-                                                "payload": {"k": k}},
-                                               {"Prefer": "respond-async", "Fencing-Token": "1"})  # fmt: skip
+                            body = {"adapter": "slow", "operation": "send", "payload": {"k": k}}
+                            st, _ = await call(
+                                "a", 0, "POST", f"/v1/jobs/{job}/effects/h{k}", body, ASYNC_1
+                            )
                         except (TimeoutError, aiohttp.ClientError, OSError):
                             continue
                         if st in (200, 202):
@@ -401,9 +409,9 @@ async def main() -> None:
         serves_after = {}
         for port in (p1, p2):
             try:
-                st, _ = await call("b", 0, "POST", f"/v1/jobs/{jobs['b'][0]}/effects/final{port}",
-                                   {"adapter": "hook", "operation": "send", "payload": {}},
-                                   {"Prefer": "respond-async", "Fencing-Token": "1"}, port)  # fmt: skip
+                body = {"adapter": "hook", "operation": "send", "payload": {}}
+                path = f"/v1/jobs/{jobs['b'][0]}/effects/final{port}"
+                st, _ = await call("b", 0, "POST", path, body, ASYNC_1, port)
                 serves_after[port] = st
             except Exception as exc:
                 serves_after[port] = repr(exc)
@@ -420,10 +428,13 @@ async def main() -> None:
             at = takeover.get((tenant, job))
             if at and gen < 2 and t > at + 3.5:
                 stale.append((k, gen, round(t - at, 2)))
+
+        def why(v: Any) -> str:
+            return str(json.loads(v[2] or "{}").get("reason", ""))[:40]
+
         st_count = Counter(
-            (v[0] if v[0] != "released" else f"released:{json.loads(v[2] or '{}').get('reason', '')[:40]}")
-            for v in states.values()
-        )  # fmt: skip
+            v[0] if v[0] != "released" else f"released:{why(v)}" for v in states.values()
+        )
         stranded = [(k, v) for k, v in states.items()
                     if not (v[0] in final or (v[0] == "released" and v[1] != "1"))]  # fmt: skip
         lat = sorted(
@@ -476,10 +487,8 @@ async def main() -> None:
         await http.close()
         for p in procs:
             if p.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
                 p.terminate()
         for p in procs:
             try:
@@ -491,6 +500,9 @@ async def main() -> None:
         await runner.cleanup()
         await r.aclose()
     print(json.dumps(report, indent=1, default=str))
+    broken = report.get("duplicates") or report.get("stale_sends") or report.get("stranded_n")
+    if broken or (report.get("hint_mismatches") and not opts.code2):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
