@@ -31,9 +31,10 @@ __all__ = ["URL_SKEW_MS", "OutputLedger", "made_at_ms", "new_upload_id", "url_va
 log = structlog.get_logger("fencegate.quotas")
 
 # An upload's reservation comes before its stage (the outputs-hash entry the reconciliation
-# checks it against): one with no entry yet and younger than this is not given back by a
-# reconciliation, so a reservation whose stage is on its way is not taken for one whose
-# upload ended (an abandoned one: its entry's deadline decides, as before).
+# checks it against), and its settlement after its record: one with no entry yet, or whose
+# entry was recorded, younger than this is not given back by a reconciliation, so a
+# reservation whose stage or settlement is on its way is not taken for one whose upload ended
+# (an abandoned one: its entry's deadline decides, as before).
 RESERVATION_GRACE_MS = 60_000
 
 
@@ -173,6 +174,15 @@ class OutputLedger:
                     and max(entry.deadline_ms, entry.copy_deadline_ms) > now_ms
                 ):
                     continue  # still running (or a completion copying a pre-signed upload)
+                if (
+                    entry is not None
+                    and (entry.upload, entry.state) == (upload, "recorded")
+                    and now_ms - entry.recorded_ms < RESERVATION_GRACE_MS
+                ):
+                    # recorded just now: the upload's settlement follows its record, and its
+                    # object may have been written after the listing above (given back here
+                    # and not charged, the bytes would be free until that settlement)
+                    continue
                 if entry is None and now_ms - made_at_ms(upload) < RESERVATION_GRACE_MS:
                     continue  # reserved just now, not staged yet: its stage may be on its way
             ops += ["u", field, charge]

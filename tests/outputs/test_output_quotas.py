@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from gateway.fencing.outputs_sweep import sweep
 from gateway.http import appkeys as K
 from gateway.http.outputs import OUTPUTS
 from gateway.store.embedded import free_port
+from gateway.store.keys import JobKeys
 from tests.conftest import Gateway, key_digest
 from tests.support.outputs import JOB, Objects, metric, write_config
 
@@ -325,6 +327,33 @@ async def test_a_reservation_whose_stage_is_on_its_way_is_not_given_back(
     assert await ledger.reconcile("acme") == 1  # the old one only
     assert charged(redis_sync, "acme") == (100_000, 1)
     assert redis_sync.hkeys("fg:quota:{acme}:out_up") == [f"{key} {fresh}"]
+
+
+async def test_a_reservation_whose_upload_was_just_recorded_is_not_given_back(
+    make_gateway: Any, objects: Objects, redis_sync: redis.Redis
+) -> None:
+    """An upload writes its object, records it, then settles its reservation. A
+    reconciliation run by another upload at the cap in between, whose listing came before the
+    object was written, gave the reservation back without charging the object: a third 100 kB
+    upload fitted under a 250 kB cap until the settlement (two gateway processes, CI). A
+    recorded upload's reservation older than the grace (its settlement lost) is given back."""
+    acme, _ = await tenants(make_gateway, objects, {"output_bytes": 250_000})
+    ledger = acme.gw.app[OUTPUTS].ledger
+    now_ms = acme.gw.app[K.STORE].redis_clock_ms()
+    outputs = JobKeys("acme", JOB).outputs
+    for name, recorded_ms in (("now", now_ms), ("lost", now_ms - RESERVATION_GRACE_MS - 1000)):
+        key = f"acme/{JOB}/g1/{name}"
+        upload = new_upload_id(recorded_ms - 1000)
+        assert await ledger.reserve("acme", key, upload, 100_000, 250_000, 0) > 0
+        entry = {"state": "recorded", "key": key, "size": 100_000, "upload": upload}
+        entry |= {"staged_ms": recorded_ms - 500, "recorded_ms": recorded_ms, "deadline": 0}
+        redis_sync.hset(outputs, f"1/{name}", json.dumps(entry))  # its object: not listed yet
+    assert charged(redis_sync, "acme") == (200_000, 2)
+    assert await ledger.reconcile("acme") == 1  # the lost settlement's only
+    assert charged(redis_sync, "acme") == (100_000, 1)
+    assert [f.split(" ")[0] for f in redis_sync.hkeys("fg:quota:{acme}:out_up")] == [
+        f"acme/{JOB}/g1/now"
+    ]
 
 
 # -- pre-signed uploads ----------------------------------------------------------------------
