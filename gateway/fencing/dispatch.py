@@ -280,7 +280,7 @@ class Dispatcher:
             state, error = "unknown", {"reason": outcome.reason}
         # one request id for every try: a try whose reply was lost is not applied twice
         request_id = new_request_id()
-        retry_due = int(time.time() * 1000) + RELAY_RETRY_MS
+        retry_due = self._store.redis_clock_ms() + RELAY_RETRY_MS
         for delay in (0.0, *_RECORD_BACKOFF):
             if delay:
                 await asyncio.sleep(delay)

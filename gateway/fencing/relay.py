@@ -107,7 +107,7 @@ class Relay:
                 try:
                     if self._dispatcher.voids_pending:
                         await self._dispatcher.retry_voids()
-                    due = await self._store.relay_due(int(time.time() * 1000), per_tenant)
+                    due = await self._store.relay_due(self._store.redis_clock_ms(), per_tenant)
                 except StoreUnavailable:
                     due = []
                 now = loop.time()
@@ -143,7 +143,7 @@ class Relay:
         was lost (a crash between its admit and its hint) is hinted again."""
         while not self._stopping:
             try:
-                found = await self._store.sweep(int(time.time() * 1000))
+                found = await self._store.sweep(self._store.redis_clock_ms())
             except StoreUnavailable:
                 found = 0
             except Exception:
@@ -216,7 +216,9 @@ class Relay:
         try:
             await self._dispatcher.spawn(keys, adapter, request, admitted)
         except AdapterUnavailable:  # released, still queued: try again later (re-claimed)
-            await self._store.relay_queued(keys, step, int(time.time() * 1000) + RELAY_RETRY_MS)
+            await self._store.relay_queued(
+                keys, step, self._store.redis_clock_ms() + RELAY_RETRY_MS
+            )
             return True
         except FencegateError:
             pass  # failed or unknown: recorded; nothing more for the relay to do

@@ -210,7 +210,7 @@ class EffectService:
         self._crash("after_admit")
         if isinstance(verdict, Queued):
             # the queue entry was written with the step; the hint only makes it prompt
-            await self._store.relay_queued(keys, step, int(time.time() * 1000))
+            await self._store.relay_queued(keys, step, self._store.redis_clock_ms())
             self.relay.wake()
             return self.dispatcher.result(
                 keys, step, verdict.generation, verdict.state, adapter_name
